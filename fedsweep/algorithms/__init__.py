@@ -1,0 +1,44 @@
+"""Registry of algorithms: one module each, all on the interface in :mod:`fedsweep.algorithms.base`."""
+
+from __future__ import annotations
+
+from typing import Literal, get_args, get_origin
+
+from fedsweep.algorithms.base import Algorithm, HyperParameters
+from fedsweep.algorithms.fedavg import FedAvg
+
+ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (FedAvg,)}
+
+
+def build_algorithm(params: HyperParameters) -> Algorithm:
+    return ALGORITHMS[params.name](params)
+
+
+_BOUNDS = (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<="))
+
+
+def describe_algorithms() -> list[dict]:
+    """Every algorithm with its hyperparameters: name, Greek alias, default, constraints, meaning."""
+    rows = []
+    for name, cls in ALGORITHMS.items():
+        for field_name, info in cls.Params.model_fields.items():
+            if field_name == "name":
+                continue
+            aliases = [a for a in getattr(info.validation_alias, "choices", []) if a != field_name]
+            bounds = [f"{sym} {getattr(m, attr)}" for m in info.metadata for attr, sym in _BOUNDS if hasattr(m, attr)]
+            if get_origin(info.annotation) is Literal:
+                bounds.append("one of " + ", ".join(map(str, get_args(info.annotation))))
+            rows.append(
+                {
+                    "algorithm": name,
+                    "parameter": field_name,
+                    "aliases": ", ".join(aliases),
+                    "default": info.default,
+                    "constraints": ", ".join(bounds),
+                    "description": info.description or "",
+                }
+            )
+    return rows
+
+
+__all__ = ["ALGORITHMS", "Algorithm", "HyperParameters", "build_algorithm", "describe_algorithms"]

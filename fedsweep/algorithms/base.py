@@ -1,0 +1,197 @@
+"""The small interface every algorithm implements, in plain PyTorch (no Ray).
+
+An algorithm works on flat parameter vectors. A round is:
+
+1. the server broadcasts the global vector ``w`` (``server_payload``),
+2. each sampled client runs :meth:`Algorithm.client_update` from ``w`` and its
+   own persistent state and returns a message,
+3. the server runs :meth:`Algorithm.server_update` on the sampled clients'
+   messages and its own persistent state,
+4. on the evaluation cadence every client scores :meth:`Algorithm.personalize`
+   of the current global vector on its own test data.
+
+The actors in :mod:`actors` only move these tensors and states around.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+import torch
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+
+from fedsweep.models import FlatModel
+
+State = dict[str, torch.Tensor]
+
+
+def _alias(name: str, *aliases: str) -> AliasChoices:
+    return AliasChoices(name, *aliases)
+
+
+class HyperParameters(BaseModel):
+    """Fields every algorithm reads: who takes part in a round and how much local work is done.
+
+    Greek aliases follow ``ALGORITHMS.md``: ``tau``/``τ`` for ``local_steps``,
+    ``r`` for ``participation_rate``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    participation_rate: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        validation_alias=_alias("participation_rate", "r"),
+        description="r: fraction of clients sampled per round; ceil(r*n) clients. "
+        "Give this or clients_per_round (default r = 1).",
+    )
+    clients_per_round: int | None = Field(
+        None, ge=1, description="Number of clients sampled per round (alternative to participation_rate)."
+    )
+    local_steps: int = Field(
+        10, ge=1, validation_alias=_alias("local_steps", "tau", "τ"), description="τ: local steps per round."
+    )
+    batch_size: int | None = Field(
+        20, ge=1, description="Minibatch size of a local step; null = the client's whole training set."
+    )
+    aggregation: Literal["weighted", "uniform"] = Field(
+        "weighted",
+        description="Server average of client models: 'weighted' by training-sample count, or 'uniform'.",
+    )
+
+    def sampled_count(self, num_clients: int) -> int:
+        """Clients per round: ``clients_per_round`` or ceil(r * n), at least one."""
+        if self.clients_per_round is not None:
+            return self.clients_per_round
+        rate = 1.0 if self.participation_rate is None else self.participation_rate
+        # round() first so that 0.3 * 10 = 3.0000000000000004 gives 3, not 4.
+        return max(1, math.ceil(round(rate * num_clients, 9)))
+
+
+@dataclass
+class ClientData:
+    """One client's shard: its own train and test tensors."""
+
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+
+    @property
+    def num_train(self) -> int:
+        return int(self.y_train.shape[0])
+
+    @property
+    def num_test(self) -> int:
+        return int(self.y_test.shape[0])
+
+    def to(self, device: torch.device | str) -> "ClientData":
+        return ClientData(*(t.to(device) for t in (self.x_train, self.y_train, self.x_test, self.y_test)))
+
+
+@dataclass
+class ClientContext:
+    """What a client step may use: its model, its data, and a seeded generator for batches."""
+
+    model: FlatModel
+    data: ClientData
+    generator: torch.Generator
+
+    def loss(self, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(self.model(params, x), y)
+
+    def grad(self, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """∇f_i(params; x, y) and the loss value, without building a graph beyond this call."""
+        params = params.detach().requires_grad_(True)
+        loss = self.loss(params, x, y)
+        (g,) = torch.autograd.grad(loss, params)
+        return g, float(loss.detach())
+
+    def batch(self, batch_size: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """A fresh training minibatch drawn without replacement (the whole set if ``batch_size`` is None)."""
+        n = self.data.num_train
+        if batch_size is None or batch_size >= n:
+            return self.data.x_train, self.data.y_train
+        idx = torch.randperm(n, generator=self.generator)[:batch_size].to(self.data.x_train.device)
+        return self.data.x_train[idx], self.data.y_train[idx]
+
+
+@dataclass
+class ClientMessage:
+    """What one sampled client sends back in a round."""
+
+    client_id: int
+    num_samples: int
+    payload: State
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+def sgd(ctx: ClientContext, params: torch.Tensor, lr: float, steps: int, batch_size: int | None) -> tuple[torch.Tensor, float]:
+    """``steps`` plain SGD steps w ← w − lr ∇f_i(w; D) on fresh batches; returns (w, mean loss)."""
+    w = params.detach().clone()
+    total = 0.0
+    for _ in range(steps):
+        x, y = ctx.batch(batch_size)
+        g, loss = ctx.grad(w, x, y)
+        w -= lr * g
+        total += loss
+    return w, total / max(steps, 1)
+
+
+def weighted_average(vectors: list[torch.Tensor], weights: list[float]) -> torch.Tensor:
+    """Σ_i p_i v_i with p_i = weights_i / Σ weights, summed in the given (client-id) order."""
+    total = float(sum(weights))
+    out = torch.zeros_like(vectors[0])
+    for v, w in zip(vectors, weights):
+        out += (w / total) * v
+    return out
+
+
+class Algorithm(ABC):
+    """One federated algorithm. Subclasses set ``name`` and ``Params`` and implement the two steps."""
+
+    name: ClassVar[str]
+    Params: ClassVar[type[HyperParameters]]
+    #: model transmissions a sampled client costs per round, each way (PFLScaf sends two vectors).
+    transmissions_per_message: ClassVar[int] = 1
+
+    def __init__(self, params: HyperParameters):
+        self.hp = params
+
+    def init_client_state(self, global_params: torch.Tensor) -> State:
+        """Persistent client state before the client is first sampled."""
+        return {}
+
+    def init_server_state(self, global_params: torch.Tensor) -> State:
+        return {}
+
+    def server_payload(self, global_params: torch.Tensor, server_state: State) -> State:
+        """What is broadcast to the sampled clients (one object-store put per round)."""
+        return {"params": global_params}
+
+    @abstractmethod
+    def client_update(self, ctx: ClientContext, payload: State, state: State) -> tuple[State, State, dict[str, float]]:
+        """Local training from the broadcast payload; returns (message payload, new client state, stats)."""
+
+    @abstractmethod
+    def server_update(
+        self, global_params: torch.Tensor, messages: list[ClientMessage], server_state: State, num_clients: int
+    ) -> tuple[torch.Tensor, State]:
+        """Aggregation of the sampled clients' messages; returns (new global params, new server state)."""
+
+    def personalize(self, ctx: ClientContext, payload: State, state: State) -> torch.Tensor:
+        """The model a client is scored with; identity (the global model) by default."""
+        return payload["params"]
+
+    def aggregation_weights(self, messages: list[ClientMessage]) -> list[float]:
+        if self.hp.aggregation == "uniform":
+            return [1.0] * len(messages)
+        return [float(m.num_samples) for m in messages]
+
+    def describe(self) -> dict[str, Any]:
+        return self.hp.model_dump()

@@ -1,0 +1,190 @@
+"""The ``fedsweep`` command: validate, run, sweep, table, algorithms, ui.
+
+Exit codes: 0 success, 1 a run or trial failed, 2 bad input (nothing was started or logged).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+from fedsweep.config import ConfigError
+
+EXIT_FAILED, EXIT_BAD_INPUT = 1, 2
+
+
+def _print_problems(err: ConfigError) -> int:
+    print(f"error: invalid configuration ({len(err.problems)} problem{'s' * (len(err.problems) != 1)}):", file=sys.stderr)
+    for p in err.problems:
+        print(f"  {p}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+def cmd_validate(args) -> int:
+    from fedsweep.config import load_sweep
+
+    sweep = load_sweep(args.file)
+    algorithms = sorted({t.config.algorithm.name for t in sweep.trials})
+    print(f"{args.file}: OK — {len(sweep.trials)} trial(s), algorithms: {', '.join(algorithms)}")
+    return 0
+
+
+def cmd_run(args) -> int:
+    from tqdm import tqdm
+
+    from fedsweep.config import load_experiment
+    from fedsweep.experiment import check_cluster, connect_ray, execute
+    from fedsweep.tracking import RunLogger, ensure_experiment, resolve_tracking_uri
+
+    cfg = load_experiment(args.file)
+    connect_ray(cfg.resources)
+    check_cluster([cfg], args.file)
+    uri = resolve_tracking_uri(cfg.tracking.tracking_uri)
+    logger = RunLogger(uri, ensure_experiment(uri, cfg.tracking.experiment), cfg, run_name=cfg.name)
+    print(f"MLflow run {logger.run_id} in experiment '{cfg.tracking.experiment}' at {uri}")
+    bar = tqdm(total=cfg.rounds, unit="round", disable=args.quiet, dynamic_ncols=True)
+
+    def on_round(m: dict[str, float]) -> None:
+        if m["round"] > 0:
+            bar.update(1)
+        if "global_accuracy" in m:
+            bar.set_postfix(pers_acc=f"{m['personalized_accuracy_mean']:.4f}", glob_acc=f"{m['global_accuracy']:.4f}")
+            bar.write(
+                f"round {int(m['round']):4d}  personalized acc {m['personalized_accuracy_mean']:.4f} "
+                f"(worst {m['personalized_accuracy_worst']:.4f})  global acc {m['global_accuracy']:.4f}  "
+                f"train loss {m['train_loss']:.4f}  transmissions {int(m['transmissions'])}"
+            )
+
+    try:
+        history = execute(cfg, logger, on_round)
+    finally:
+        bar.close()
+    if history and history[-1].get("diverged"):
+        print(f"diverged at round {int(history[-1]['round'])}: the global model is not finite", file=sys.stderr)
+        return EXIT_FAILED
+    return 0
+
+
+def cmd_sweep(args) -> int:
+    from fedsweep.config import load_sweep
+    from fedsweep.sweep import run_sweep
+    from fedsweep.table import best_settings, load_runs, to_markdown
+
+    sweep = load_sweep(args.file)
+    print(f"{args.file}: {len(sweep.trials)} trial(s), at most {sweep.settings.max_concurrent_trials} at a time")
+    out = run_sweep(sweep, verbose=0 if args.quiet else 1)
+    runs, _ = load_runs(out["tracking_uri"], sweep.trials[0].config.tracking.experiment, out["parent_run_id"])
+    print()
+    print(f"Best setting per algorithm by final {sweep.settings.metric} ({sweep.settings.mode}), sweep run {out['parent_run_id']}:")
+    print(to_markdown(best_settings(runs, sweep.settings.metric, sweep.settings.mode)))
+    if out["errors"]:
+        print(f"{out['errors']} trial(s) failed; see the Tune output above", file=sys.stderr)
+        return EXIT_FAILED
+    return 0
+
+
+def cmd_table(args) -> int:
+    from fedsweep.table import best_settings, load_runs, to_markdown
+    from fedsweep.tracking import resolve_tracking_uri
+
+    uri = resolve_tracking_uri(args.tracking_uri)
+    try:
+        runs, sweep_tags = load_runs(uri, args.experiment, args.sweep_run)
+    except LookupError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    metric = args.metric or sweep_tags.get("fedsweep.metric", "personalized_accuracy_mean")
+    mode = args.mode or sweep_tags.get("fedsweep.mode", "max")
+    try:
+        table = best_settings(runs, metric, mode)
+    except KeyError as e:
+        print(f"error: --metric: {e.args[0]}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.format == "markdown":
+        text = to_markdown(table)
+        if args.output:
+            with open(args.output, "w") as f:
+                f.write(text + "\n")
+        print(text)
+        return 0
+    if not args.output:
+        print("error: --output FILE is required with --format csv|parquet", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.format == "csv":
+        table.to_csv(args.output, index=False)
+    else:
+        table.to_parquet(args.output, index=False)
+    print(f"wrote {len(table)} row(s) to {args.output}")
+    return 0
+
+
+def cmd_algorithms(args) -> int:
+    from fedsweep.algorithms import describe_algorithms
+
+    rows = describe_algorithms()
+    print("| algorithm | parameter | aliases | default | constraints | meaning |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['algorithm']} | {r['parameter']} | {r['aliases']} | {r['default']} | {r['constraints']} | {r['description']} |")
+    return 0
+
+
+def cmd_ui(args) -> int:
+    from fedsweep.tracking import resolve_tracking_uri
+
+    uri = resolve_tracking_uri(args.tracking_uri)
+    cmd = ["mlflow", "ui", "--backend-store-uri", uri, "--host", args.host, "--port", str(args.port)]
+    print(f"MLflow UI on http://{args.host}:{args.port} for {uri}")
+    return subprocess.call(cmd)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fedsweep", description="Personalized federated learning experiments and sweeps on Ray.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("validate", help="check a config or sweep file; start nothing")
+    s.add_argument("file")
+    s.set_defaults(func=cmd_validate)
+
+    s = sub.add_parser("run", help="run one experiment (no grids), logged to MLflow")
+    s.add_argument("file")
+    s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(func=cmd_run)
+
+    s = sub.add_parser("sweep", help="run a sweep file's grid with Ray Tune, logged to MLflow, then print the table")
+    s.add_argument("file")
+    s.add_argument("--quiet", action="store_true", help="no Tune status output")
+    s.set_defaults(func=cmd_sweep)
+
+    s = sub.add_parser("table", help="best setting per algorithm, mean ± 95%% CI over seeds, read from MLflow")
+    s.add_argument("--experiment", required=True, help="MLflow experiment name")
+    s.add_argument("--sweep-run", default=None, help="only the trials of this sweep parent run id")
+    s.add_argument("--metric", default=None, help="final-round metric to rank by (default: the sweep's)")
+    s.add_argument("--mode", choices=["max", "min"], default=None)
+    s.add_argument("--format", choices=["markdown", "csv", "parquet"], default="markdown")
+    s.add_argument("--output", default=None, help="file to write (required for csv and parquet)")
+    s.add_argument("--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")
+    s.set_defaults(func=cmd_table)
+
+    s = sub.add_parser("algorithms", help="list the algorithms and their hyperparameters")
+    s.set_defaults(func=cmd_algorithms)
+
+    s = sub.add_parser("ui", help="open the MLflow UI (binds 127.0.0.1 unless --host is given)")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=5000)
+    s.add_argument("--tracking-uri", default=None)
+    s.set_defaults(func=cmd_ui)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as e:
+        return _print_problems(e)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,486 @@
+"""Typed experiment and sweep configs, validated in one place.
+
+A YAML file is the serialized form of :class:`ExperimentConfig`, plus an
+optional ``sweep:`` section (:class:`SweepSettings`). In a sweep file any value
+may be replaced by ``{grid: [v1, v2, ...]}``; grids may nest (a grid over
+``algorithm`` sections whose own fields are grids). :func:`load_sweep` expands
+the grids, crosses them with ``sweep.seeds`` and validates every resulting
+trial config before anything starts. Every problem is reported as a
+:class:`ConfigError` naming the file, line, field and the allowed values.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union, get_args
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from fedsweep.algorithms import ALGORITHMS
+from fedsweep.data import DataConfig, SyntheticConfig
+from fedsweep.models import MLPConfig, ModelConfig
+
+_PARAMS = tuple(cls.Params for cls in ALGORITHMS.values())
+# A discriminated union needs two members or more; with one, the class itself validates.
+AlgorithmParams = Annotated[Union[_PARAMS], Field(discriminator="name")] if len(_PARAMS) > 1 else _PARAMS[0]
+ModelConfigField = Annotated[ModelConfig, Field(discriminator="name")]
+
+#: Metrics a sweep may optimise (all logged at every evaluation round).
+METRICS = (
+    "personalized_accuracy_mean",
+    "personalized_accuracy_weighted",
+    "personalized_accuracy_worst",
+    "personalized_accuracy_best",
+    "personalized_accuracy_p10",
+    "personalized_loss_mean",
+    "personalized_loss_weighted",
+    "global_accuracy",
+    "global_loss",
+    "train_loss",
+)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ResourcesConfig(_Strict):
+    """Ray resources of one trial: a placement group of one server bundle and one bundle per client."""
+
+    server_cpus: float = Field(0.25, gt=0, description="CPUs of the server bundle (trial driver and ServerActor).")
+    client_cpus: float = Field(0.1, ge=0, description="CPUs of each ClientActor.")
+    client_gpus: float = Field(0.0, ge=0, le=1, description="GPU fraction of each ClientActor (0 = CPU only).")
+    cluster_cpus: float | None = Field(
+        None, gt=0, description="CPUs of the local Ray instance to start; null = all cores of this machine."
+    )
+    cluster_gpus: float | None = Field(None, ge=0, description="GPUs of the local Ray instance; null = detected.")
+    ray_address: str | None = Field(
+        None, description="Address of a running Ray cluster ('auto' or host:port); null = $RAY_ADDRESS or a local instance."
+    )
+    actor_memory_mb: float = Field(
+        300, gt=0, description="Resident memory one actor process costs (torch loaded); used to check the plan fits."
+    )
+
+    @model_validator(mode="after")
+    def _nonempty(self):
+        if self.client_cpus == 0 and self.client_gpus == 0:
+            raise ValueError("client_cpus and client_gpus are both 0: a client bundle needs some resource")
+        return self
+
+    def address(self) -> str | None:
+        return self.ray_address or os.environ.get("RAY_ADDRESS") or None
+
+    def bundles(self, num_clients: int) -> list[dict[str, float]]:
+        """Placement-group bundles of one trial: [server] + [client] × n."""
+        client = {"CPU": self.client_cpus}
+        if self.client_gpus:
+            client["GPU"] = self.client_gpus
+        return [{"CPU": self.server_cpus}] + [dict(client) for _ in range(num_clients)]
+
+
+class TrackingConfig(_Strict):
+    experiment: str = Field("fedsweep", min_length=1, description="MLflow experiment name.")
+    tracking_uri: str | None = Field(
+        None, description="MLflow tracking URI; null = $MLFLOW_TRACKING_URI or sqlite:///mlflow.db in the working directory."
+    )
+    log_client_table: bool = True
+    log_plot: bool = True
+
+
+class ExperimentConfig(_Strict):
+    """One experiment: data and split, model, algorithm with its hyperparameters, schedule, resources, tracking."""
+
+    name: str = Field("experiment", min_length=1)
+    seed: int = Field(0, ge=0, description="Seed of model init, client sampling and minibatches.")
+    data: DataConfig = Field(default_factory=SyntheticConfig)
+    model: ModelConfigField = Field(default_factory=MLPConfig)
+    algorithm: AlgorithmParams
+    rounds: int = Field(50, ge=1)
+    eval_every: int = Field(5, ge=1, description="Evaluate all clients every k rounds (and at round 0 and the last round).")
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+
+    @model_validator(mode="after")
+    def _cross_field(self):
+        n = self.data.num_clients
+        hp = self.algorithm
+        if hp.clients_per_round is not None and hp.participation_rate is not None:
+            raise ValueError("algorithm: give participation_rate (r) or clients_per_round, not both")
+        if hp.clients_per_round is not None and hp.clients_per_round > n:
+            raise ValueError(
+                f"algorithm.clients_per_round={hp.clients_per_round} samples more clients than exist "
+                f"(data.num_clients={n}); allowed: 1..{n}"
+            )
+        return self
+
+    @property
+    def num_clients(self) -> int:
+        return self.data.num_clients
+
+    def eval_rounds(self) -> set[int]:
+        return {0, self.rounds} | set(range(self.eval_every, self.rounds + 1, self.eval_every))
+
+    def setting_key(self) -> str:
+        """Identity of a hyperparameter setting: everything that changes the numbers, except the seed."""
+        d = self.model_dump(mode="json", exclude={"seed", "name", "resources", "tracking"})
+        return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
+
+    def flat_params(self) -> dict[str, Any]:
+        """All resolved fields as dotted keys, for MLflow params."""
+        return flatten(self.model_dump(mode="json"))
+
+
+class SweepSettings(_Strict):
+    name: str = Field("sweep", min_length=1, description="Tune run name and MLflow parent run name.")
+    metric: Literal[METRICS] = Field("personalized_accuracy_mean", description="Final-round metric the table ranks by.")  # type: ignore[valid-type]
+    mode: Literal["max", "min"] = "max"
+    max_concurrent_trials: int = Field(1, ge=1)
+    seeds: list[Annotated[int, Field(ge=0)]] | None = Field(
+        None, min_length=1, description="Seeds crossed with the grid; null = the config's seed."
+    )
+    storage_path: str = Field("ray_results", description="Where Tune keeps trial results (absolute, relative or URI).")
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One point of a sweep: its validated config and the grid values that picked it."""
+
+    index: int
+    config: ExperimentConfig
+    overrides: dict[str, Any]
+
+    def label(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.overrides.items()) or "(base config)"
+
+
+@dataclass(frozen=True)
+class Sweep:
+    settings: SweepSettings
+    trials: list[Trial]
+    source: str
+    path: str
+
+    def source_hash(self) -> str:
+        return hashlib.sha1(self.source.encode()).hexdigest()[:12]
+
+
+class ConfigError(ValueError):
+    """A config problem, reported before any Ray or MLflow work; the CLI exits 2 on it."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+# --------------------------------------------------------------------------- YAML reading
+
+
+def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(d, dict) and d:
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            out.update(flatten(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: d}
+
+
+def _line_index(source: str) -> dict[tuple, int]:
+    """Map each key path of the YAML document to its 1-based line number."""
+    lines: dict[tuple, int] = {}
+
+    def walk(node, path):
+        lines.setdefault(path, node.start_mark.line + 1)
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                lines[path + (k.value,)] = k.start_mark.line + 1
+                walk(v, path + (k.value,))
+        elif isinstance(node, yaml.SequenceNode):
+            for i, v in enumerate(node.value):
+                walk(v, path + (i,))
+
+    try:
+        root = yaml.compose(source, Loader=yaml.SafeLoader)
+        if root is not None:
+            walk(root, ())
+    except yaml.YAMLError:
+        pass
+    return lines
+
+
+def read_yaml(path: str | Path) -> tuple[dict, str]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError([f"{p}: no such file"])
+    source = p.read_text()
+    try:
+        data = yaml.safe_load(source)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{p}:{mark.line + 1}" if mark else str(p)
+        raise ConfigError([f"{where}: YAML syntax error: {getattr(e, 'problem', None) or e}"]) from None
+    if not isinstance(data, dict):
+        raise ConfigError([f"{p}: expected a mapping of config fields at the top level, got {type(data).__name__}"])
+    return data, source
+
+
+# --------------------------------------------------------------------------- grids
+
+
+def _is_grid(node: Any) -> bool:
+    return isinstance(node, dict) and "grid" in node
+
+
+def _expand(node: Any, path: tuple, problems: list[str]) -> list[tuple[Any, dict[str, Any]]]:
+    """All concrete values of ``node`` with the grid choices (dotted path → value) that produce each."""
+    if _is_grid(node):
+        where = ".".join(map(str, path)) or "<top level>"
+        extra = sorted(set(node) - {"grid"})
+        if extra:
+            problems.append(f"{where}: a grid takes only the key 'grid', found also {extra}")
+            return [(None, {})]
+        choices = node["grid"]
+        if not isinstance(choices, list) or not choices:
+            problems.append(f"{where}.grid: must be a non-empty list of values, got {choices!r}")
+            return [(None, {})]
+        out = []
+        for choice in choices:
+            for value, sub in _expand(choice, path, problems):
+                picked = flatten(value, ".".join(map(str, path)) + ".") if isinstance(value, dict) else {".".join(map(str, path)): value}
+                out.append((value, {**picked, **sub}))
+        return out
+    if isinstance(node, dict):
+        keys = list(node)
+        options = [_expand(node[k], path + (k,), problems) for k in keys]
+        out = []
+        for combo in itertools.product(*options):
+            value = {k: v for k, (v, _) in zip(keys, combo)}
+            overrides: dict[str, Any] = {}
+            for _, ov in combo:
+                overrides.update(ov)
+            out.append((value, overrides))
+        return out
+    return [(node, {})]
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _allowed_keys(model: type[BaseModel] | None) -> list[str]:
+    if model is None:
+        return []
+    keys = []
+    for name, info in model.model_fields.items():
+        keys.append(name)
+        keys += [a for a in getattr(info.validation_alias, "choices", []) if a != name]
+    return keys
+
+
+def _alias_of(model: type[BaseModel] | None, key: Any) -> str | None:
+    """The field that ``key`` is an alias (or the name) of, if any."""
+    for name, info in (model.model_fields.items() if model else ()):
+        if key == name or key in getattr(info.validation_alias, "choices", ()):
+            return name
+    return None
+
+
+def _submodels(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models inside a (possibly Annotated / Union) field annotation."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for a in get_args(annotation) for m in _submodels(a)]
+
+
+def _tag(model: type[BaseModel]) -> Any:
+    for key in ("name", "dataset"):
+        if key in model.model_fields:
+            return model.model_fields[key].default
+    return None
+
+
+def _model_at(loc: tuple, raw: dict) -> type[BaseModel] | None:
+    """The pydantic model that validates the mapping at ``loc`` (to list its allowed keys)."""
+    model: type[BaseModel] | None = ExperimentConfig
+    node: Any = raw
+    for part in loc:
+        field = model.model_fields.get(part) if model else None
+        if field is None:
+            return None
+        node = node.get(part) if isinstance(node, dict) else None
+        candidates = _submodels(field.annotation)
+        tag = (node.get("name", node.get("dataset")) if isinstance(node, dict) else None)
+        chosen = [m for m in candidates if tag is not None and _tag(m) == tag]
+        model = chosen[0] if chosen else (candidates[0] if len(candidates) == 1 else None)
+    return model
+
+
+def _format_errors(err: ValidationError, raw: dict, file: str, lines: dict[tuple, int]) -> list[str]:
+    problems = []
+    for e in err.errors():
+        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and (p in _UNION_TAGS)))
+        field = ".".join(map(str, loc)) or "<config>"
+        line = lines.get(tuple(loc)) or lines.get(tuple(loc[:-1]))
+        where = f"{file}:{line}" if line else file
+        msg = e["msg"]
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, ") :]
+        if e["type"] == "extra_forbidden":
+            model = _model_at(loc[:-1], raw)
+            twin = _alias_of(model, loc[-1])
+            if twin:
+                msg = f"'{loc[-1]}' is another name of '{twin}', which is given too: give one of them"
+            else:
+                allowed = _allowed_keys(model)
+                msg = f"unknown key '{loc[-1]}'" + (f"; allowed keys: {', '.join(allowed)}" if allowed else "")
+        elif e["type"] == "union_tag_invalid":
+            msg = f"{msg.replace('Input tag', 'value')}"
+        elif e["type"] == "union_tag_not_found":
+            msg = f"missing the key that selects the kind ({e['ctx'].get('discriminator')})"
+        elif "input" in e and e["type"] not in ("missing",):
+            msg = f"{msg} (got {e['input']!r})"
+        problems.append(f"{where}: {field}: {msg}")
+    return problems
+
+
+# Pydantic puts the selected member's tag into an error's location; these are dropped from field paths.
+_UNION_TAGS: set[str] = set(ALGORITHMS) | {"synthetic", "digits", "mlr", "mlp", "iid", "label_skew"}
+
+
+def validate(raw: dict, file: str = "<config>", lines: dict[tuple, int] | None = None) -> ExperimentConfig:
+    try:
+        return ExperimentConfig.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(_format_errors(err, raw, file, lines or {})) from None
+
+
+def check_fits(cfg: ExperimentConfig, cluster_cpus: float, cluster_gpus: float, memory_mb: float | None, where: str) -> list[str]:
+    """Problems that would make the trial's placement group wait forever, or exhaust memory."""
+    problems = []
+    bundles = cfg.resources.bundles(cfg.num_clients)
+    need_cpus = sum(b.get("CPU", 0) for b in bundles)
+    need_gpus = sum(b.get("GPU", 0) for b in bundles)
+    n = cfg.num_clients
+    r = cfg.resources
+    if need_cpus > cluster_cpus + 1e-9:
+        problems.append(
+            f"{where}: resources: one trial needs server_cpus + num_clients × client_cpus = "
+            f"{r.server_cpus} + {n} × {r.client_cpus} = {need_cpus:g} CPUs, but the cluster has {cluster_cpus:g}; "
+            f"allowed: client_cpus <= {max(cluster_cpus - r.server_cpus, 0) / n:.4g} (or fewer clients)"
+        )
+    if need_gpus > cluster_gpus + 1e-9:
+        problems.append(
+            f"{where}: resources.client_gpus: one trial needs {n} × {r.client_gpus} = {need_gpus:g} GPUs, "
+            f"but the cluster has {cluster_gpus:g}; allowed: client_gpus <= {cluster_gpus / n:.4g}"
+        )
+    if memory_mb is not None:
+        need_mb = (n + 2) * r.actor_memory_mb
+        if need_mb > memory_mb:
+            problems.append(
+                f"{where}: resources.actor_memory_mb: one trial starts {n + 2} processes × {r.actor_memory_mb:g} MB "
+                f"= {need_mb:.0f} MB, more than this machine's {memory_mb:.0f} MB"
+            )
+    return problems
+
+
+def local_capacity() -> tuple[float, float, float]:
+    """CPUs, GPUs and memory (MB) of this machine, as a local Ray instance would see them."""
+    import psutil
+
+    gpus = 0.0
+    try:
+        import torch
+
+        gpus = float(torch.cuda.device_count())
+    except Exception:  # pragma: no cover - torch always imports here
+        pass
+    return float(os.cpu_count() or 1), gpus, psutil.virtual_memory().total / 2**20
+
+
+def check_resources(configs: list[ExperimentConfig], file: str, capacity: tuple[float, float, float | None] | None = None) -> None:
+    """Raise if a trial cannot fit the cluster it will run on (local: this machine, or the explicit cluster_* fields)."""
+    problems: list[str] = []
+    local = local_capacity() if capacity is None else capacity
+    for cfg in configs:
+        r = cfg.resources
+        if r.address() and capacity is None and r.cluster_cpus is None:
+            continue  # a remote cluster is checked after connecting, before any trial starts
+        cpus = r.cluster_cpus if r.cluster_cpus is not None else local[0]
+        gpus = r.cluster_gpus if r.cluster_gpus is not None else local[1]
+        for p in check_fits(cfg, cpus, gpus, None if r.address() else local[2], file):
+            if p not in problems:
+                problems.append(p)
+    if problems:
+        raise ConfigError(problems)
+
+
+def load_experiment(path: str | Path, check_cluster: bool = True) -> ExperimentConfig:
+    """Read and validate a single-experiment file (no grids; a ``sweep:`` section is ignored)."""
+    raw, source = read_yaml(path)
+    raw = {k: v for k, v in raw.items() if k != "sweep"}
+    grids = [k for k, v in flatten_grids(raw)]
+    if grids:
+        raise ConfigError([f"{path}: {g}: a grid is only allowed in a sweep ('fedsweep sweep {path}')" for g in grids])
+    cfg = validate(raw, str(path), _line_index(source))
+    if check_cluster:
+        check_resources([cfg], str(path))
+    return cfg
+
+
+def flatten_grids(node: Any, path: tuple = ()) -> list[tuple[str, Any]]:
+    if _is_grid(node):
+        return [(".".join(map(str, path)), node)]
+    if isinstance(node, dict):
+        return [g for k, v in node.items() for g in flatten_grids(v, path + (k,))]
+    return []
+
+
+def load_sweep(path: str | Path, check_cluster: bool = True) -> Sweep:
+    """Read a sweep file, expand its grids × seeds and validate every trial config."""
+    raw, source = read_yaml(path)
+    file = str(path)
+    lines = _line_index(source)
+    problems: list[str] = []
+    try:
+        settings = SweepSettings.model_validate(raw.get("sweep") or {})
+    except ValidationError as err:
+        problems += [p.replace(f"{file}: ", f"{file}: sweep.", 1) for p in _format_errors(err, raw.get("sweep") or {}, file, {})]
+        settings = None
+    body = {k: v for k, v in raw.items() if k != "sweep"}
+    expanded = _expand(body, (), problems)
+    if problems:
+        raise ConfigError(problems)
+    seeds = settings.seeds if settings and settings.seeds else [None]
+    trials: list[Trial] = []
+    failing: dict[str, list[str]] = {}  # problem -> labels of the grid points that have it
+    points = list(itertools.product(expanded, seeds))
+    for (value, overrides), seed in points:
+        if seed is not None:
+            value = {**value, "seed": seed}
+            overrides = {**overrides, "seed": seed}
+        try:
+            trials.append(Trial(len(trials), validate(value, file, lines), overrides))
+        except ConfigError as e:
+            label = Trial(0, None, overrides).label()  # type: ignore[arg-type]
+            for p in e.problems:
+                failing.setdefault(p, []).append(label)
+    for p, labels in failing.items():
+        # A problem common to every grid point is the file's; otherwise name the points that have it.
+        problems.append(p if len(labels) == len(points) else f"{p} [in trial {'; '.join(labels[:3])}{' ...' if len(labels) > 3 else ''}]")
+    if problems:
+        raise ConfigError(problems)
+    assert settings is not None
+    if check_cluster:
+        check_resources([t.config for t in trials], file)
+    return Sweep(settings, trials, source, file)
+
+
+def format_value(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:g}" if math.isfinite(v) else str(v)
+    return str(v)

@@ -1,0 +1,141 @@
+"""Running one experiment on Ray: connect, reserve a placement group, drive the ServerActor round by round."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from fedsweep.config import ConfigError, ExperimentConfig, ResourcesConfig, check_fits
+from fedsweep.tracking import RunLogger
+
+
+def connect_ray(resources: ResourcesConfig) -> None:
+    """Join ``ray_address`` / ``$RAY_ADDRESS``, else start a local instance sized by ``cluster_cpus``/``cluster_gpus``."""
+    if ray.is_initialized():
+        return
+    address = resources.address()
+    if address:
+        ray.init(address=address, log_to_driver=True)
+        return
+    kwargs: dict = {"num_cpus": int(resources.cluster_cpus or os.cpu_count() or 1), "include_dashboard": False}
+    if resources.cluster_gpus is not None:
+        kwargs["num_gpus"] = int(resources.cluster_gpus)
+    ray.init(**kwargs)
+
+
+def check_cluster(configs: list[ExperimentConfig], where: str) -> None:
+    """After connecting and before any MLflow run: every trial's placement group must fit the cluster."""
+    total = ray.cluster_resources()
+    problems: list[str] = []
+    for cfg in configs:
+        for p in check_fits(cfg, total.get("CPU", 0.0), total.get("GPU", 0.0), None, where):
+            if p not in problems:
+                problems.append(p)
+    if problems:
+        raise ConfigError(problems)
+
+
+class ExperimentRunner:
+    """Starts the ServerActor (which starts the ClientActors) inside a placement group and steps it.
+
+    Outside Tune the runner creates the group itself: bundle 0 holds the ServerActor,
+    bundle 1 + i client i. Inside a Tune trial the group is the trial's own
+    (``tune.with_resources``), and bundle 0 is shared by the trial driver and the
+    ServerActor, which then asks for no CPU of its own.
+    """
+
+    def __init__(self, cfg: ExperimentConfig, trial_placement_group: PlacementGroup | None = None, start_timeout_s: float = 300):
+        self.cfg = cfg
+        self.start_timeout_s = start_timeout_s
+        self.own_pg = trial_placement_group is None
+        self.pg = trial_placement_group
+        self.server = None
+        self.clients_info: list[dict] = []
+
+    def start(self) -> None:
+        cfg = self.cfg
+        if self.own_pg:
+            self.pg = placement_group(cfg.resources.bundles(cfg.num_clients), strategy="PACK")
+            try:
+                ray.get(self.pg.ready(), timeout=self.start_timeout_s)
+            except ray.exceptions.GetTimeoutError:
+                remove_placement_group(self.pg)
+                raise RuntimeError(
+                    f"resources: the placement group {cfg.resources.bundles(cfg.num_clients)[:2]}... for "
+                    f"{cfg.num_clients} clients was not granted within {self.start_timeout_s:.0f}s; "
+                    f"the cluster has {ray.available_resources()} available"
+                ) from None
+        server_cpus = cfg.resources.server_cpus if self.own_pg else 0
+        from actors.server import ServerActor
+
+        self.server = ServerActor.options(
+            num_cpus=server_cpus,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=0),
+        ).remote(cfg, self.pg)
+        self.clients_info = ray.get(self.server.clients_info.remote(), timeout=self.start_timeout_s)
+
+    def rounds(self) -> Iterator[dict[str, float]]:
+        """Round 0 (initial evaluation) to ``rounds``; each item carries ``wall_time_s`` since round 1 began."""
+        t0 = time.perf_counter()
+        for rnd in range(self.cfg.rounds + 1):
+            if rnd == 1:
+                t0 = time.perf_counter()
+            metrics = ray.get(self.server.step.remote(rnd))
+            metrics["wall_time_s"] = time.perf_counter() - t0 if rnd else 0.0
+            yield metrics
+            if metrics.get("diverged"):
+                return
+
+    def client_table(self) -> list[dict]:
+        return ray.get(self.server.client_table.remote())
+
+    def stop(self) -> None:
+        if self.server is not None:
+            try:
+                ray.get(self.server.shutdown.remote(), timeout=30)
+            except Exception:
+                pass
+            ray.kill(self.server)
+            self.server = None
+        if self.own_pg and self.pg is not None:
+            remove_placement_group(self.pg)
+            self.pg = None
+
+
+def execute(
+    cfg: ExperimentConfig,
+    logger: RunLogger | None,
+    on_round: Callable[[dict[str, float]], None] = lambda m: None,
+    trial_placement_group: PlacementGroup | None = None,
+) -> list[dict[str, float]]:
+    """Run ``cfg`` to the end: every round is logged to MLflow, every round is passed to ``on_round``.
+
+    The MLflow run ends FINISHED, or FAILED with outcome ``diverged`` (non-finite
+    global model) or ``error``; the exception is re-raised.
+    """
+    runner = ExperimentRunner(cfg, trial_placement_group)
+    history: list[dict[str, float]] = []
+    finished = False
+    try:
+        runner.start()
+        for metrics in runner.rounds():
+            history.append(metrics)
+            if logger:
+                logger.log_round(metrics)
+            on_round(metrics)
+        diverged = bool(history and history[-1].get("diverged"))
+        if logger:
+            finished = True
+            logger.finish(runner.client_table(), "FAILED" if diverged else "FINISHED", "diverged" if diverged else None)
+        return history
+    except BaseException:
+        if logger and not finished:
+            logger.finish(None, "FAILED", "error")
+        raise
+    finally:
+        runner.stop()

@@ -1,0 +1,163 @@
+"""Client, server and the round loop, in plain Python and PyTorch.
+
+The Ray actors in :mod:`actors` wrap a :class:`Client` and a :class:`Server`;
+:class:`LocalPool` runs the same clients in this process, which is what the
+tests of the math and the in-process benchmarks use.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from fedsweep.algorithms import build_algorithm
+from fedsweep.algorithms.base import ClientContext, ClientData, ClientMessage, State
+from fedsweep.config import ExperimentConfig
+from fedsweep.evaluation import ClientEval, score, summarize
+from fedsweep.models import FlatModel, build_model
+
+Payload = dict[str, np.ndarray]
+
+# Streams of randomness, kept apart so that e.g. evaluation never shifts training batches.
+_TRAIN, _EVAL, _SAMPLE = 1, 2, 3
+
+
+def stream_seed(*parts: int) -> int:
+    """A 63-bit seed derived from (experiment seed, client, round, stream); independent of scheduling."""
+    return int(np.random.SeedSequence(list(parts)).generate_state(2, np.uint64)[0] >> np.uint64(1))
+
+
+def to_numpy(state: State) -> Payload:
+    return {k: v.detach().cpu().numpy() for k, v in state.items()}
+
+
+def to_tensors(payload: Payload, device: torch.device) -> State:
+    # Arrays from the object store are read-only; copy into tensors this actor owns.
+    return {k: torch.tensor(v, device=device) for k, v in payload.items()}
+
+
+class Client:
+    """One client: its shard, its model architecture and its persistent algorithm state."""
+
+    def __init__(self, client_id: int, data: ClientData, cfg: ExperimentConfig, num_features: int, num_classes: int, device: str = "cpu"):
+        self.client_id = client_id
+        self.cfg = cfg
+        self.device = torch.device(device)
+        self.data = data.to(self.device)
+        self.model = FlatModel(build_model(cfg.model, num_features, num_classes)).to(self.device)
+        self.algorithm = build_algorithm(cfg.algorithm)
+        self.state: State | None = None
+        self.times_sampled = 0
+
+    def _context(self, rnd: int, stream: int) -> ClientContext:
+        gen = torch.Generator().manual_seed(stream_seed(self.cfg.seed, self.client_id, rnd, stream))
+        return ClientContext(self.model, self.data, gen)
+
+    def _state(self, params: torch.Tensor) -> State:
+        return self.state if self.state is not None else self.algorithm.init_client_state(params)
+
+    def train(self, payload: Payload, rnd: int) -> ClientMessage:
+        p = to_tensors(payload, self.device)
+        message, self.state, stats = self.algorithm.client_update(self._context(rnd, _TRAIN), p, self._state(p["params"]))
+        self.times_sampled += 1
+        return ClientMessage(self.client_id, self.data.num_train, to_numpy(message), stats)
+
+    def evaluate(self, payload: Payload, rnd: int) -> ClientEval:
+        p = to_tensors(payload, self.device)
+        personal = self.algorithm.personalize(self._context(rnd, _EVAL), p, self._state(p["params"]))
+        d = self.data
+        pc, pl = score(self.model, personal, d.x_test, d.y_test)
+        gc, gl = score(self.model, p["params"], d.x_test, d.y_test)
+        _, tl = score(self.model, p["params"], d.x_train, d.y_train)
+        return ClientEval(self.client_id, d.num_train, d.num_test, pc, pl, gc, gl, tl, self.times_sampled)
+
+    def get_state(self) -> Payload | None:
+        return None if self.state is None else to_numpy(self.state)
+
+
+class ClientPool(Protocol):
+    """Where the clients live: in this process (:class:`LocalPool`) or in Ray actors."""
+
+    def train(self, client_ids: list[int], payload: Payload, rnd: int) -> list[ClientMessage]: ...
+
+    def evaluate(self, payload: Payload, rnd: int) -> list[ClientEval]: ...
+
+
+class LocalPool:
+    def __init__(self, clients: list[Client]):
+        self.clients = clients
+
+    def train(self, client_ids: list[int], payload: Payload, rnd: int) -> list[ClientMessage]:
+        return [self.clients[i].train(payload, rnd) for i in client_ids]
+
+    def evaluate(self, payload: Payload, rnd: int) -> list[ClientEval]:
+        return [c.evaluate(payload, rnd) for c in self.clients]
+
+
+class Server:
+    """Global model, server state, client sampling and aggregation; runs rounds against a :class:`ClientPool`."""
+
+    def __init__(self, cfg: ExperimentConfig, num_features: int, num_classes: int):
+        self.cfg = cfg
+        self.algorithm = build_algorithm(cfg.algorithm)
+        self.params = FlatModel(build_model(cfg.model, num_features, num_classes)).initial_vector(cfg.seed)
+        self.state = self.algorithm.init_server_state(self.params)
+        self.uploads = 0
+        self.downloads = 0
+        self.last_evals: list[ClientEval] = []
+
+    def sample(self, rnd: int) -> list[int]:
+        """⌈r·n⌉ (or ``clients_per_round``) distinct clients, uniformly, from a per-round seeded RNG."""
+        n = self.cfg.num_clients
+        k = self.cfg.algorithm.sampled_count(n)
+        rng = np.random.default_rng(stream_seed(self.cfg.seed, rnd, _SAMPLE))
+        return sorted(int(i) for i in rng.choice(n, size=k, replace=False))
+
+    def payload(self) -> Payload:
+        return to_numpy(self.algorithm.server_payload(self.params, self.state))
+
+    def train_round(self, pool: ClientPool, rnd: int) -> dict[str, float]:
+        """One round: sample, broadcast, local training, aggregation. Messages are used in client-id order."""
+        sampled = self.sample(rnd)
+        messages = sorted(pool.train(sampled, self.payload(), rnd), key=lambda m: m.client_id)
+        for m in messages:
+            m.payload = {k: torch.from_numpy(np.array(v)) for k, v in m.payload.items()}
+        self.params, self.state = self.algorithm.server_update(self.params, messages, self.state, self.cfg.num_clients)
+        per_message = self.algorithm.transmissions_per_message
+        self.downloads += per_message * len(sampled)
+        self.uploads += per_message * len(messages)
+        losses = [m.stats["local_train_loss"] for m in messages if "local_train_loss" in m.stats]
+        return {
+            "clients_sampled": float(len(sampled)),
+            "clients_answered": float(len(messages)),
+            "local_train_loss": float(np.mean(losses)) if losses else math.nan,
+        }
+
+    def evaluate(self, pool: ClientPool, rnd: int) -> dict[str, float]:
+        self.last_evals = sorted(pool.evaluate(self.payload(), rnd), key=lambda e: e.client_id)
+        return summarize(self.last_evals)
+
+    def step(self, pool: ClientPool, rnd: int) -> dict[str, float]:
+        """Round ``rnd`` (0 = evaluation of the initial model only) and, on the cadence, evaluation."""
+        metrics: dict[str, float] = {"round": float(rnd)}
+        if rnd > 0:
+            metrics.update(self.train_round(pool, rnd))
+        if rnd in self.cfg.eval_rounds():
+            metrics.update(self.evaluate(pool, rnd))
+        metrics.update(uploads=float(self.uploads), downloads=float(self.downloads), transmissions=float(self.uploads + self.downloads))
+        if not math.isfinite(float(self.params.sum())):
+            metrics["diverged"] = 1.0
+        return metrics
+
+
+def run_local(cfg: ExperimentConfig) -> tuple[list[dict[str, float]], Server]:
+    """The whole experiment in this process, no Ray: the reference the actor path is checked against."""
+    from fedsweep.data import build_federated_dataset
+
+    ds = build_federated_dataset(cfg.data)
+    server = Server(cfg, ds.num_features, ds.num_classes)
+    pool = LocalPool([Client(i, d, cfg, ds.num_features, ds.num_classes) for i, d in enumerate(ds.clients)])
+    return [server.step(pool, rnd) for rnd in range(cfg.rounds + 1)], server

@@ -1,0 +1,117 @@
+"""Fine-tuned hyperparameter tables read back from MLflow.
+
+For each algorithm: the setting (all hyperparameters but the seed) whose mean
+final-round metric over seeds is best, and its final accuracy as
+mean ± 95% confidence interval over seeds (Student's t, n − 1 degrees of freedom).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from fedsweep.tracking import PARENT_TAG, TAG_PREFIX, client
+
+#: Final-round metrics reported for the best setting, beside the one ranked by.
+REPORTED = ("personalized_accuracy_mean", "global_accuracy")
+
+
+def ci95(values: np.ndarray) -> float:
+    """Half-width of the 95% confidence interval of the mean; NaN for fewer than two values."""
+    from scipy import stats
+
+    n = len(values)
+    if n < 2:
+        return math.nan
+    return float(stats.t.ppf(0.975, n - 1) * np.std(values, ddof=1) / math.sqrt(n))
+
+
+def load_runs(uri: str, experiment: str, sweep_run_id: str | None = None) -> tuple[pd.DataFrame, dict]:
+    """Finished trial runs of ``experiment`` (of one sweep if ``sweep_run_id``), and the sweep's tags."""
+    c = client(uri)
+    exp = c.get_experiment_by_name(experiment)
+    if exp is None:
+        raise LookupError(f"no MLflow experiment named {experiment!r} at {uri}")
+    runs = []
+    page = None
+    while True:
+        batch = c.search_runs([exp.experiment_id], max_results=1000, page_token=page)
+        runs += list(batch)
+        page = batch.token
+        if not page:
+            break
+    sweeps = [r for r in runs if r.data.tags.get(f"{TAG_PREFIX}sweep") == "true"]
+    if sweep_run_id is None and sweeps:
+        sweep_tags = max(sweeps, key=lambda r: r.info.start_time).data.tags
+    else:
+        sweep_tags = next((r.data.tags for r in sweeps if r.info.run_id == sweep_run_id), {})
+    rows = []
+    for r in runs:
+        tags = r.data.tags
+        if f"{TAG_PREFIX}algorithm" not in tags or r.info.status != "FINISHED":
+            continue
+        if sweep_run_id is not None and tags.get(PARENT_TAG) != sweep_run_id:
+            continue
+        rows.append(
+            {
+                "run_id": r.info.run_id,
+                "algorithm": tags[f"{TAG_PREFIX}algorithm"],
+                "setting": tags[f"{TAG_PREFIX}setting"],
+                "setting_label": tags.get(f"{TAG_PREFIX}setting_label", ""),
+                "seed": int(tags.get(f"{TAG_PREFIX}seed", 0)),
+                **r.data.metrics,
+            }
+        )
+    return pd.DataFrame(rows), sweep_tags
+
+
+def best_settings(runs: pd.DataFrame, metric: str, mode: str = "max") -> pd.DataFrame:
+    """One row per algorithm: its best setting by the mean of ``metric`` over seeds, with mean ± 95% CI."""
+    if runs.empty:
+        return pd.DataFrame()
+    if metric not in runs.columns:
+        raise KeyError(f"metric {metric!r} was not logged by these runs; logged: {sorted(c for c in runs.columns if '_' in c)}")
+    rows = []
+    for algorithm, group in runs.groupby("algorithm", sort=True):
+        by_setting = group.groupby("setting")[metric].mean()
+        best = by_setting.idxmax() if mode == "max" else by_setting.idxmin()
+        chosen = group[group["setting"] == best]
+        row = {
+            "algorithm": algorithm,
+            "best setting": chosen["setting_label"].iloc[0],
+            "settings tried": int(group["setting"].nunique()),
+            "seeds": int(len(chosen)),
+        }
+        for key in dict.fromkeys((metric, *REPORTED)):
+            if key in chosen.columns:
+                values = chosen[key].to_numpy(dtype=float)
+                row[f"{key} mean"] = float(values.mean())
+                row[f"{key} ci95"] = ci95(values)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _pm(mean: float, half: float, percent: bool) -> str:
+    scale = 100.0 if percent else 1.0
+    digits = 2 if percent else 4
+    if math.isnan(half):
+        return f"{mean * scale:.{digits}f} ± n/a"
+    return f"{mean * scale:.{digits}f} ± {half * scale:.{digits}f}"
+
+
+def to_markdown(table: pd.DataFrame) -> str:
+    """Markdown table; accuracies in percent, each metric as mean ± 95% CI."""
+    if table.empty:
+        return "(no finished runs)"
+    metrics = [c[: -len(" mean")] for c in table.columns if c.endswith(" mean")]
+    head = ["algorithm", "best setting", "settings tried", "seeds"] + [
+        m + (" (%)" if "accuracy" in m else "") for m in metrics
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for _, r in table.iterrows():
+        cells = [str(r["algorithm"]), str(r["best setting"]), str(r["settings tried"]), str(r["seeds"])]
+        cells += [_pm(r[f"{m} mean"], r[f"{m} ci95"], "accuracy" in m) for m in metrics]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)

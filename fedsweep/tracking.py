@@ -1,0 +1,166 @@
+"""MLflow logging: one run per experiment (a trial), nested under a sweep's parent run.
+
+Runs are written with :class:`mlflow.MlflowClient` and explicit run ids, never the
+fluent "active run" (a stray ``MLFLOW_RUN_ID`` would otherwise re-parent them).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from fedsweep.config import ExperimentConfig, format_value
+
+TAG_PREFIX = "fedsweep."
+PARENT_TAG = "mlflow.parentRunId"
+# Keys of a round's metrics that are not logged as MLflow metrics.
+_NOT_METRICS = {"round", "diverged"}
+
+
+def resolve_tracking_uri(configured: str | None = None) -> str:
+    """The config's URI, else ``$MLFLOW_TRACKING_URI``, else ``sqlite:///<cwd>/mlflow.db``; local paths made absolute.
+
+    Absolute because Tune runs each trial in its own working directory.
+    """
+    uri = configured or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        return "sqlite:///" + str(Path(uri[len("sqlite:///") :]).resolve())
+    if "://" not in uri:
+        return Path(uri).resolve().as_uri()
+    return uri
+
+
+def client(uri: str):
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def ensure_experiment(uri: str, name: str) -> str:
+    """The id of experiment ``name``, created if missing (local stores keep artifacts in ./mlartifacts)."""
+    c = client(uri)
+    exp = c.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    artifact_location = None
+    if uri.startswith("sqlite:") or uri.startswith("file:"):
+        artifact_location = (Path.cwd() / "mlartifacts").resolve().as_uri()
+    try:
+        return c.create_experiment(name, artifact_location=artifact_location)
+    except Exception:  # created concurrently by another process
+        exp = c.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return exp.experiment_id
+
+
+def _batched(items: list, size: int):
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+def setting_label(overrides: dict[str, Any]) -> str:
+    """The grid values that define a setting (seed and algorithm name left out)."""
+    parts = [
+        f"{k.removeprefix('algorithm.')}={format_value(v)}" for k, v in overrides.items() if k not in ("seed", "algorithm.name")
+    ]
+    return ", ".join(parts) or "default"
+
+
+class RunLogger:
+    """Logs one experiment: params, per-round metrics with ``step=round``, a per-client table and a plot."""
+
+    def __init__(
+        self,
+        uri: str,
+        experiment_id: str,
+        cfg: ExperimentConfig,
+        run_name: str,
+        parent_run_id: str | None = None,
+        overrides: dict[str, Any] | None = None,
+        tags: dict[str, str] | None = None,
+    ):
+        from mlflow.entities import Param
+
+        self.cfg = cfg
+        self.client = client(uri)
+        all_tags = {
+            f"{TAG_PREFIX}algorithm": cfg.algorithm.name,
+            f"{TAG_PREFIX}setting": cfg.setting_key(),
+            f"{TAG_PREFIX}setting_label": setting_label(overrides or {}),
+            f"{TAG_PREFIX}seed": str(cfg.seed),
+            **(tags or {}),
+        }
+        if parent_run_id:
+            all_tags[PARENT_TAG] = parent_run_id
+        self.run_id = self.client.create_run(experiment_id, run_name=run_name, tags=all_tags).info.run_id
+        params = [Param(k, json.dumps(v) if isinstance(v, (list, dict)) else str(v)) for k, v in cfg.flat_params().items()]
+        for chunk in _batched(params, 100):
+            self.client.log_batch(self.run_id, params=chunk)
+        self.history: list[dict[str, float]] = []
+
+    def log_round(self, metrics: dict[str, float]) -> None:
+        from mlflow.entities import Metric
+
+        step = int(metrics["round"])
+        ts = int(time.time() * 1000)
+        batch = [
+            Metric(k, float(v), ts, step)
+            for k, v in metrics.items()
+            if k not in _NOT_METRICS and v is not None and not (isinstance(v, float) and math.isnan(v))
+        ]
+        self.client.log_batch(self.run_id, metrics=batch)
+        if "global_accuracy" in metrics:
+            self.history.append(metrics)
+
+    def finish(self, client_rows: list[dict] | None, status: str = "FINISHED", outcome: str | None = None) -> None:
+        """Artifacts (per-client table, accuracy-vs-round plot), then the run's terminal status."""
+        try:
+            if client_rows and self.cfg.tracking.log_client_table:
+                import pandas as pd
+
+                self.client.log_table(self.run_id, pd.DataFrame(client_rows), "clients/final_round.json")
+            if self.history and self.cfg.tracking.log_plot:
+                fig = accuracy_plot(self.history, self.cfg.name)
+                self.client.log_figure(self.run_id, fig, "plots/accuracy_vs_round.png")
+                import matplotlib.pyplot as plt
+
+                plt.close(fig)
+        finally:
+            self.client.set_tag(self.run_id, f"{TAG_PREFIX}outcome", outcome or status.lower())
+            self.client.set_terminated(self.run_id, status)
+
+
+def accuracy_plot(history: list[dict[str, float]], title: str):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rounds = [h["round"] for h in history]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.fill_between(
+        rounds,
+        [h["personalized_accuracy_worst"] for h in history],
+        [h["personalized_accuracy_best"] for h in history],
+        alpha=0.15,
+        label="personalized, worst-best client",
+    )
+    for key, label in (
+        ("personalized_accuracy_mean", "personalized, mean over clients"),
+        ("personalized_accuracy_p10", "personalized, 10th percentile"),
+        ("global_accuracy", "global model"),
+    ):
+        ax.plot(rounds, [h[key] for h in history], marker="o", markersize=3, label=label)
+    ax.set_xlabel("round")
+    ax.set_ylabel("test accuracy")
+    ax.set_ylim(0, 1)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

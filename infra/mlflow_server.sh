@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# An MLflow tracking server with a SQL backend store and a local artifact root.
+# Binds 127.0.0.1 unless MLFLOW_HOST is set. SQLite suits one user; for many concurrent trials on a
+# cluster use PostgreSQL: BACKEND_STORE_URI=postgresql://user:pass@db:5432/mlflow (needs psycopg2).
+#   infra/mlflow_server.sh            # http://127.0.0.1:5000, ./mlflow-server/mlflow.db
+#   MLFLOW_TRACKING_URI=http://127.0.0.1:5000 fedsweep sweep sweeps/default.yaml
+set -euo pipefail
+HOST="${MLFLOW_HOST:-127.0.0.1}"
+PORT="${MLFLOW_PORT:-5000}"
+DIR="${MLFLOW_SERVER_DIR:-$PWD/mlflow-server}"
+mkdir -p "$DIR/artifacts"
+BACKEND_STORE_URI="${BACKEND_STORE_URI:-sqlite:///$DIR/mlflow.db}"
+exec mlflow server \
+  --host "$HOST" --port "$PORT" \
+  --backend-store-uri "$BACKEND_STORE_URI" \
+  --artifacts-destination "$DIR/artifacts" \
+  --serve-artifacts

@@ -1,0 +1,83 @@
+"""The actor path on a real local Ray instance: same numbers as the in-process reference, deterministic,
+placed in its placement group, and FedAvg still equal to centralized gradient descent."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedsweep.config import validate
+from fedsweep.experiment import ExperimentRunner, execute
+from fedsweep.federation import run_local
+from tests.conftest import config_dict
+from tests.test_federation import centralized_gd, gd_config
+
+pytestmark = pytest.mark.ray
+
+
+def run_actors(cfg):
+    runner = ExperimentRunner(cfg)
+    try:
+        runner.start()
+        history = list(runner.rounds())
+        params = torch.tensor(__import__("ray").get(runner.server.global_params.remote()))
+        return history, params, runner.clients_info, runner.client_table()
+    finally:
+        runner.stop()
+
+
+def strip_time(history):
+    return [{k: v for k, v in h.items() if k != "wall_time_s"} for h in history]
+
+
+def test_fedavg_on_actors_follows_centralized_gd(ray_session):
+    cfg = gd_config({"name": "mlp", "hidden": [8]}, rounds=5)
+    ref = centralized_gd(cfg, 5)
+    runner = ExperimentRunner(cfg)
+    try:
+        runner.start()
+        rounds = runner.rounds()
+        next(rounds)  # round 0: evaluation only
+        for rnd in range(1, 6):
+            next(rounds)
+            w = torch.tensor(ray_session.get(runner.server.global_params.remote()))
+            assert (w - ref[rnd - 1]).abs().max() < 1e-5, rnd
+    finally:
+        runner.stop()
+
+
+def test_actor_path_matches_in_process_and_repeats_exactly(ray_session):
+    cfg = validate(config_dict(algorithm={"participation_rate": 0.6, "personalization_lr": 0.05}, rounds=4, eval_every=2))
+    first, params1, info, table = run_actors(cfg)
+    second, params2, _, _ = run_actors(cfg)
+    local, server = run_local(cfg)
+    assert strip_time(first) == strip_time(second)  # same seed, same config -> the same numbers
+    assert torch.equal(params1, params2)
+    assert strip_time(first) == local  # actors only move tensors: identical to the in-process loop
+    assert torch.equal(params1, server.params)
+    # One actor per client, each in its own process, on the CPU.
+    assert [i["client_id"] for i in info] == [0, 1, 2]
+    assert len({i["pid"] for i in info}) == 3 and {i["device"] for i in info} == {"cpu"}
+    # The per-client table is the last evaluation, from data.
+    assert [r["client_id"] for r in table] == [0, 1, 2]
+    assert sum(r["personalized_correct"] for r in table) / sum(r["num_test"] for r in table) == pytest.approx(
+        first[-1]["personalized_accuracy_weighted"]
+    )
+    assert sum(r["times_sampled"] for r in table) == 4 * 2  # ceil(0.6 × 3) = 2 per round
+
+
+def test_placement_group_is_released(ray_session):
+    from ray.util import placement_group_table
+
+    cfg = validate(config_dict(rounds=1))
+    before = {k for k, v in placement_group_table().items() if v["state"] != "REMOVED"}
+    execute(cfg, logger=None)
+    after = {k for k, v in placement_group_table().items() if v["state"] != "REMOVED"}
+    assert after == before
+
+
+def test_divergence_stops_the_run(ray_session):
+    cfg = validate(config_dict(algorithm={"local_lr": 1e30, "local_steps": 5}, rounds=6, eval_every=1))
+    history = execute(cfg, logger=None)
+    assert history[-1].get("diverged") == 1.0
+    assert len(history) < 7

@@ -1,0 +1,295 @@
+"""Every validation rule: bad input fails early with one message naming the field and what is allowed."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import yaml
+
+from fedsweep.config import ConfigError, check_resources, load_experiment, load_sweep, validate
+from tests.conftest import config_dict
+
+
+def problems_of(raw: dict) -> str:
+    with pytest.raises(ConfigError) as e:
+        validate(raw, "cfg.yaml")
+    return str(e.value)
+
+
+def write(tmp_path, text: str, name: str = "cfg.yaml"):
+    p = tmp_path / name
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+def test_base_config_is_valid():
+    cfg = validate(config_dict())
+    assert cfg.algorithm.name == "fedavg" and cfg.num_clients == 3
+
+
+def test_greek_aliases_are_accepted():
+    greek = {"_replace": True, "name": "fedavg", "β": 0.3, "α": 0.01, "τ": 7, "r": 0.5}
+    hp = validate(config_dict(algorithm=greek)).algorithm
+    assert (hp.local_lr, hp.personalization_lr, hp.local_steps, hp.participation_rate) == (0.3, 0.01, 7, 0.5)
+    latin = {"_replace": True, "name": "fedavg", "beta": 0.3, "alpha": 0.01, "tau": 7}
+    hp = validate(config_dict(algorithm=latin)).algorithm
+    assert (hp.local_lr, hp.personalization_lr, hp.local_steps) == (0.3, 0.01, 7)
+
+
+def test_a_field_and_its_alias_together():
+    msg = problems_of(config_dict(algorithm={"beta": 0.3}))  # local_lr is in the base config too
+    assert "algorithm.beta: 'beta' is another name of 'local_lr', which is given too: give one of them" in msg
+
+
+def test_unknown_top_level_key_lists_allowed_keys():
+    raw = config_dict()
+    raw["roundz"] = 3
+    msg = problems_of(raw)
+    assert "roundz: unknown key 'roundz'" in msg
+    assert "allowed keys: name, seed, data, model, algorithm, rounds" in msg
+
+
+def test_unknown_algorithm_key_lists_the_algorithms_parameters():
+    msg = problems_of(config_dict(algorithm={"mu": 0.1}))
+    assert "algorithm.mu: unknown key 'mu'" in msg
+    assert "local_lr" in msg and "participation_rate" in msg and "beta" in msg
+
+
+def test_wrong_type():
+    msg = problems_of(config_dict(rounds="ten"))
+    assert "rounds: Input should be a valid integer" in msg and "'ten'" in msg
+
+
+@pytest.mark.parametrize("rate", [0, -0.5, 1.5])
+def test_participation_rate_outside_unit_interval(rate):
+    msg = problems_of(config_dict(algorithm={"participation_rate": rate}))
+    assert "algorithm.participation_rate" in msg
+    assert ("greater than 0" in msg) or ("less than or equal to 1" in msg)
+    assert f"(got {rate})" in msg
+
+
+def test_participation_rate_alias_is_named_as_written():
+    msg = problems_of(config_dict(algorithm={"_replace": True, "name": "fedavg", "r": 2}))
+    assert "algorithm.r: Input should be less than or equal to 1 (got 2)" in msg
+
+
+def test_local_steps_below_one():
+    msg = problems_of(config_dict(algorithm={"local_steps": 0}))
+    assert "algorithm.local_steps: Input should be greater than or equal to 1 (got 0)" in msg
+
+
+@pytest.mark.parametrize("field", ["local_lr", "personalization_lr"])
+def test_negative_step_sizes(field):
+    msg = problems_of(config_dict(algorithm={field: -0.01}))
+    assert f"algorithm.{field}" in msg and "(got -0.01)" in msg
+
+
+def test_more_clients_sampled_than_exist():
+    msg = problems_of(config_dict(algorithm={"participation_rate": None, "clients_per_round": 5}))
+    assert "clients_per_round=5 samples more clients than exist (data.num_clients=3); allowed: 1..3" in msg
+
+
+def test_rate_and_count_together():
+    msg = problems_of(config_dict(algorithm={"participation_rate": 0.5, "clients_per_round": 2}))
+    assert "participation_rate (r) or clients_per_round, not both" in msg
+
+
+def test_unknown_algorithm_names_the_allowed_ones():
+    msg = problems_of(config_dict(algorithm={"_replace": True, "name": "fedsgd"}))
+    assert "algorithm.name" in msg and "'fedavg'" in msg
+
+
+def test_unknown_dataset_names_the_allowed_ones():
+    msg = problems_of(config_dict(data={"_replace": True, "dataset": "imagenet"}))
+    assert "data" in msg and "'synthetic'" in msg and "'digits'" in msg
+
+
+def test_unknown_partition_names_the_allowed_ones():
+    msg = problems_of(config_dict(data={"partition": {"name": "random"}}))
+    assert "data.partition" in msg and "'iid'" in msg and "'label_skew'" in msg
+
+
+def test_too_many_classes_per_client():
+    msg = problems_of(config_dict(data={"partition": {"name": "label_skew", "classes_per_client": 11}}))
+    assert "classes_per_client=11 exceeds the 10 classes of digits (allowed: 1..10)" in msg
+
+
+def test_too_many_clients_for_digits():
+    msg = problems_of(config_dict(data={"num_clients": 1500, "partition": {"name": "iid"}}))
+    assert "num_clients=1500 leaves a client with 1 sample(s)" in msg
+
+
+def test_model_fields():
+    msg = problems_of(config_dict(model={"hidden": [0]}))
+    assert "model.hidden.0" in msg
+    msg = problems_of(config_dict(model={"activation": "gelu"}))
+    assert "model.activation" in msg and "'relu', 'elu' or 'tanh'" in msg
+
+
+def test_several_problems_are_reported_together():
+    msg = problems_of(config_dict(rounds=0, algorithm={"local_steps": 0, "local_lr": -1}))
+    assert msg.count("\n") >= 2 and "rounds" in msg and "local_steps" in msg and "local_lr" in msg
+
+
+def test_resources_that_cannot_fit_the_cluster():
+    # 50 clients × 0.05 CPU + 0.25 > 2 CPUs would leave a placement group pending forever.
+    cfg = validate(
+        config_dict(
+            data={"dataset": "synthetic", "num_clients": 50, "_replace": True},
+            resources={"client_cpus": 0.05, "server_cpus": 0.25},
+        )
+    )
+    with pytest.raises(ConfigError) as e:
+        check_resources([cfg], "cfg.yaml", capacity=(2.0, 0.0, 24000.0))
+    msg = str(e.value)
+    assert "resources: one trial needs server_cpus + num_clients × client_cpus = 0.25 + 50 × 0.05 = 2.75 CPUs" in msg
+    assert "the cluster has 2; allowed: client_cpus <= 0.035" in msg
+
+
+def test_gpus_that_cannot_fit():
+    cfg = validate(config_dict(resources={"client_gpus": 0.5}))
+    with pytest.raises(ConfigError) as e:
+        check_resources([cfg], "cfg.yaml", capacity=(2.0, 1.0, 24000.0))
+    assert "resources.client_gpus: one trial needs 3 × 0.5 = 1.5 GPUs, but the cluster has 1" in str(e.value)
+
+
+def test_gpu_fraction_above_one():
+    assert "resources.client_gpus" in problems_of(config_dict(resources={"client_gpus": 2}))
+
+
+def test_empty_client_bundle():
+    msg = problems_of(config_dict(resources={"client_cpus": 0, "client_gpus": 0}))
+    assert "client_cpus and client_gpus are both 0" in msg
+
+
+def test_memory_that_cannot_fit():
+    cfg = validate(config_dict(resources={"actor_memory_mb": 10000}))
+    with pytest.raises(ConfigError) as e:
+        check_resources([cfg], "cfg.yaml", capacity=(2.0, 0.0, 24000.0))
+    assert "resources.actor_memory_mb: one trial starts 5 processes × 10000 MB = 50000 MB" in str(e.value)
+
+
+def test_yaml_syntax_error_names_the_line(tmp_path):
+    p = write(tmp_path, "rounds: 3\nalgorithm: {name: fedavg\nseed: 1\n")
+    with pytest.raises(ConfigError) as e:
+        load_experiment(p)
+    assert f"{p}:" in str(e.value) and "YAML syntax error" in str(e.value)
+
+
+def test_top_level_must_be_a_mapping(tmp_path):
+    p = write(tmp_path, "- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="expected a mapping of config fields at the top level, got list"):
+        load_experiment(p)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="no such file"):
+        load_sweep(tmp_path / "nope.yaml")
+
+
+def test_error_names_file_and_line(tmp_path):
+    p = write(
+        tmp_path,
+        """\
+        data: {dataset: synthetic, num_clients: 5}
+        algorithm:
+          name: fedavg
+          local_lr: -3
+        """,
+    )
+    with pytest.raises(ConfigError) as e:
+        load_experiment(p, check_cluster=False)
+    assert f"{p}:4: algorithm.local_lr: Input should be greater than 0 (got -3)" in str(e.value)
+
+
+def test_yaml_is_read_with_a_safe_loader(tmp_path):
+    p = write(tmp_path, "name: !!python/object/apply:os.system ['echo pwned']\nalgorithm: {name: fedavg}\n")
+    with pytest.raises(ConfigError, match="YAML syntax error"):
+        load_experiment(p)
+
+
+# ------------------------------------------------------------------ sweeps
+
+
+def sweep_file(tmp_path, body: dict, sweep: dict | None = None):
+    doc = dict(body)
+    if sweep is not None:
+        doc["sweep"] = sweep
+    p = tmp_path / "sweep.yaml"
+    p.write_text(yaml.safe_dump(doc, allow_unicode=True))
+    return p
+
+
+def test_grid_expansion_crosses_fields_and_seeds(tmp_path):
+    body = config_dict(algorithm={"local_lr": {"grid": [0.1, 0.01]}, "local_steps": {"grid": [1, 2, 3]}})
+    s = load_sweep(sweep_file(tmp_path, body, {"seeds": [0, 1]}), check_cluster=False)
+    assert len(s.trials) == 12
+    points = {(t.config.algorithm.local_lr, t.config.algorithm.local_steps, t.config.seed) for t in s.trials}
+    assert len(points) == 12
+    assert s.trials[0].overrides == {"algorithm.local_lr": 0.1, "algorithm.local_steps": 1, "seed": 0}
+    # Settings differ by hyperparameters, not by seed.
+    assert len({t.config.setting_key() for t in s.trials}) == 6
+
+
+def test_nested_grid_over_algorithm_sections(tmp_path):
+    body = config_dict()
+    body["algorithm"] = {
+        "grid": [
+            {"name": "fedavg", "local_lr": {"grid": [0.1, 0.2]}},
+            {"name": "fedavg", "local_lr": 0.3, "personalization_lr": 0.01},
+        ]
+    }
+    s = load_sweep(sweep_file(tmp_path, body), check_cluster=False)
+    assert [t.config.algorithm.local_lr for t in s.trials] == [0.1, 0.2, 0.3]
+    assert s.trials[2].overrides["algorithm.personalization_lr"] == 0.01
+
+
+def test_grid_over_a_field_that_does_not_exist(tmp_path):
+    body = config_dict(algorithm={"momentum": {"grid": [0.9, 0.99]}})
+    with pytest.raises(ConfigError) as e:
+        load_sweep(sweep_file(tmp_path, body), check_cluster=False)
+    msg = str(e.value)
+    assert "algorithm.momentum: unknown key 'momentum'" in msg
+    assert msg.count("algorithm.momentum") == 1  # reported once, not once per trial
+
+
+def test_grid_with_bad_value_names_the_trial(tmp_path):
+    body = config_dict(algorithm={"local_lr": {"grid": [0.1, -0.1]}})
+    with pytest.raises(ConfigError) as e:
+        load_sweep(sweep_file(tmp_path, body), check_cluster=False)
+    assert "algorithm.local_lr: Input should be greater than 0 (got -0.1) [in trial algorithm.local_lr=-0.1]" in str(e.value)
+
+
+def test_empty_grid(tmp_path):
+    body = config_dict(algorithm={"local_lr": {"grid": []}})
+    with pytest.raises(ConfigError, match=r"algorithm.local_lr.grid: must be a non-empty list of values"):
+        load_sweep(sweep_file(tmp_path, body), check_cluster=False)
+
+
+def test_grid_with_other_keys(tmp_path):
+    body = config_dict(algorithm={"local_lr": {"grid": [0.1], "values": [1]}})
+    with pytest.raises(ConfigError, match=r"a grid takes only the key 'grid', found also \['values'\]"):
+        load_sweep(sweep_file(tmp_path, body), check_cluster=False)
+
+
+def test_bad_sweep_settings(tmp_path):
+    body = config_dict()
+    with pytest.raises(ConfigError) as e:
+        load_sweep(sweep_file(tmp_path, body, {"metric": "accuracy", "max_concurrent_trials": 0, "colour": 1}), check_cluster=False)
+    msg = str(e.value)
+    assert "sweep.metric" in msg and "'personalized_accuracy_mean'" in msg
+    assert "sweep.max_concurrent_trials: Input should be greater than or equal to 1 (got 0)" in msg
+    assert "sweep.colour: unknown key 'colour'" in msg
+
+
+def test_run_rejects_grids(tmp_path):
+    body = config_dict(algorithm={"local_lr": {"grid": [0.1, 0.2]}})
+    with pytest.raises(ConfigError, match=r"algorithm.local_lr: a grid is only allowed in a sweep"):
+        load_experiment(sweep_file(tmp_path, body))
+
+
+def test_sweep_resources_checked_for_every_trial(tmp_path):
+    body = config_dict(data={"num_clients": {"grid": [3, 40]}}, resources={"client_cpus": 0.1})
+    with pytest.raises(ConfigError, match=r"0.2 \+ 40 × 0.1 = 4.2 CPUs"):
+        load_sweep(sweep_file(tmp_path, body))

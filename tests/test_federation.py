@@ -1,0 +1,145 @@
+"""The math of the round loop, in process (no Ray): FedAvg against centralized gradient descent, sampling,
+personalization, and the metrics computed from per-client sums."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from fedsweep.config import validate
+from fedsweep.data import build_federated_dataset
+from fedsweep.evaluation import ClientEval, summarize
+from fedsweep.federation import Server, run_local
+from fedsweep.models import FlatModel, build_model
+from tests.conftest import config_dict
+
+GD = {"name": "fedavg", "local_lr": 0.5, "participation_rate": 1.0, "local_steps": 1, "batch_size": None, "aggregation": "weighted"}
+
+
+def gd_config(model: dict, data: dict | None = None, rounds: int = 5):
+    return validate(
+        config_dict(
+            algorithm={"_replace": True, **GD},
+            model={"_replace": True, **model},
+            data=data or {"num_clients": 4, "partition": {"name": "label_skew", "classes_per_client": 3}},
+            rounds=rounds,
+            eval_every=1,
+        )
+    )
+
+
+def centralized_gd(cfg, rounds: int) -> list[torch.Tensor]:
+    """Full-batch gradient descent on the union of all clients' training data, from the same initial model."""
+    ds = build_federated_dataset(cfg.data)
+    x = torch.cat([c.x_train for c in ds.clients])
+    y = torch.cat([c.y_train for c in ds.clients])
+    model = FlatModel(build_model(cfg.model, ds.num_features, ds.num_classes))
+    w = model.initial_vector(cfg.seed)
+    out = []
+    for _ in range(rounds):
+        w = w.detach().requires_grad_(True)
+        (g,) = torch.autograd.grad(torch.nn.functional.cross_entropy(model(w, x), y), w)
+        w = (w - cfg.algorithm.local_lr * g).detach()
+        out.append(w)
+    return out
+
+
+@pytest.mark.parametrize("model", [{"name": "mlr"}, {"name": "mlp", "hidden": [16]}])
+def test_fedavg_full_batch_one_step_equals_centralized_gd(model):
+    """r = 1, τ = 1, full batch, weighted by n_i: Σ_i (n_i/N)(w − β∇f_i(w)) = w − β∇F(w) on the union."""
+    cfg = gd_config(model)
+    ds = build_federated_dataset(cfg.data)
+    assert len({c.num_train for c in ds.clients}) > 1  # unequal sizes, so the weighting matters
+    from fedsweep.federation import Client, LocalPool
+
+    server = Server(cfg, ds.num_features, ds.num_classes)
+    pool = LocalPool([Client(i, d, cfg, ds.num_features, ds.num_classes) for i, d in enumerate(ds.clients)])
+    reference = centralized_gd(cfg, 5)
+    for rnd in range(1, 6):
+        server.train_round(pool, rnd)
+        assert torch.allclose(server.params, reference[rnd - 1], atol=1e-5, rtol=0), rnd
+        assert (server.params - reference[rnd - 1]).abs().max() < 1e-5
+
+
+def test_uniform_aggregation_differs_from_weighted_on_unequal_clients():
+    cfg_w = gd_config({"name": "mlr"}, rounds=1)
+    cfg_u = validate({**cfg_w.model_dump(), "algorithm": {**GD, "aggregation": "uniform"}})
+    (_, s_w), (_, s_u) = run_local(cfg_w), run_local(cfg_u)
+    assert (s_w.params - s_u.params).abs().max() > 1e-4
+
+
+def test_sampling_count_and_determinism():
+    cfg = validate(config_dict(data={"num_clients": 10, "partition": {"name": "iid"}}, algorithm={"participation_rate": 0.25}))
+    server = Server(cfg, 64, 10)
+    picks = [server.sample(r) for r in range(1, 30)]
+    assert all(len(p) == 3 and len(set(p)) == 3 and p == sorted(p) for p in picks)  # ceil(0.25 × 10) = 3
+    assert picks == [Server(cfg, 64, 10).sample(r) for r in range(1, 30)]
+    assert len({tuple(p) for p in picks}) > 5  # different clients in different rounds
+    counts = np.bincount(np.concatenate(picks), minlength=10)
+    assert counts.min() > 0
+
+
+@pytest.mark.parametrize("rate,n,expected", [(0.3, 10, 3), (0.1, 100, 10), (0.01, 50, 1), (1.0, 7, 7), (0.5, 5, 3)])
+def test_sampled_count_is_ceil_r_n(rate, n, expected):
+    hp = validate(config_dict(algorithm={"participation_rate": rate})).algorithm
+    assert hp.sampled_count(n) == expected
+
+
+def test_same_seed_same_numbers_different_seed_different_numbers():
+    cfg = validate(config_dict(algorithm={"participation_rate": 0.67}))
+    a, _ = run_local(cfg)
+    b, _ = run_local(cfg)
+    c, _ = run_local(validate({**cfg.model_dump(), "seed": 1}))
+    assert a == b
+    assert a != c
+
+
+def test_personalization_step_alpha():
+    """α = 0 scores the global model itself; α > 0 takes full-batch steps on each client's own train data."""
+    base = config_dict(algorithm={"personalization_lr": 0.0}, rounds=2)
+    plain, _ = run_local(validate(base))
+    assert plain[-1]["personalized_accuracy_weighted"] == plain[-1]["global_accuracy"]
+    tuned, _ = run_local(validate(config_dict(algorithm={"personalization_lr": 0.5, "personalization_steps": 3}, rounds=2)))
+    assert tuned[-1]["global_accuracy"] == plain[-1]["global_accuracy"]  # evaluation does not change training
+    assert tuned[-1]["personalized_loss_weighted"] < plain[-1]["personalized_loss_weighted"]
+
+
+def test_fedavg_learns_on_both_embedded_datasets():
+    for data in ({"num_clients": 4, "partition": {"name": "iid"}}, {"_replace": True, "dataset": "synthetic", "num_clients": 5, "max_samples_per_client": 200}):
+        hist, _ = run_local(validate(config_dict(data=data, rounds=10, eval_every=10)))
+        assert hist[-1]["global_accuracy"] > hist[0]["global_accuracy"] + 0.2
+        assert hist[-1]["train_loss"] < hist[0]["train_loss"]
+
+
+def test_transmissions_count_uploads_and_downloads():
+    cfg = validate(config_dict(data={"num_clients": 6, "partition": {"name": "iid"}}, algorithm={"participation_rate": 0.5}, rounds=3))
+    hist, _ = run_local(cfg)
+    assert [h["transmissions"] for h in hist] == [0, 6, 12, 18]  # 3 sampled: 3 down + 3 up per round
+    assert hist[-1]["uploads"] == hist[-1]["downloads"] == 9
+
+
+def test_eval_cadence():
+    cfg = validate(config_dict(rounds=7, eval_every=3))
+    hist, _ = run_local(cfg)
+    assert [int(h["round"]) for h in hist if "global_accuracy" in h] == [0, 3, 6, 7]
+
+
+def test_summary_metrics_from_per_client_sums():
+    evals = [
+        ClientEval(0, 10, 10, personalized_correct=9, personalized_loss_sum=1.0, global_correct=5, global_loss_sum=5.0, train_loss_sum=2.0),
+        ClientEval(1, 30, 30, personalized_correct=15, personalized_loss_sum=15.0, global_correct=15, global_loss_sum=30.0, train_loss_sum=6.0),
+        ClientEval(2, 20, 40, personalized_correct=40, personalized_loss_sum=0.0, global_correct=20, global_loss_sum=40.0, train_loss_sum=4.0),
+    ]
+    m = summarize(evals)
+    assert m["personalized_accuracy_mean"] == pytest.approx((0.9 + 0.5 + 1.0) / 3)
+    assert m["personalized_accuracy_weighted"] == pytest.approx(64 / 80)
+    assert m["personalized_accuracy_worst"] == 0.5 and m["personalized_accuracy_best"] == 1.0
+    assert m["personalized_accuracy_p10"] == pytest.approx(np.percentile([0.9, 0.5, 1.0], 10))
+    assert m["personalized_loss_mean"] == pytest.approx((0.1 + 0.5 + 0.0) / 3)
+    assert m["global_accuracy"] == pytest.approx(40 / 80)
+    assert m["global_loss"] == pytest.approx(75 / 80)
+    assert m["train_loss"] == pytest.approx(12 / 60)
+    assert all(math.isfinite(v) for v in m.values())

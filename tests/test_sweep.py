@@ -1,0 +1,117 @@
+"""A real Ray Tune sweep on the session's 2-CPU Ray instance, logged to a real SQLite MLflow store,
+then read back by `fedsweep table`."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import yaml
+
+from fedsweep.cli import main
+from fedsweep.config import load_sweep
+from fedsweep.sweep import run_sweep
+from fedsweep.table import best_settings, ci95, load_runs, to_markdown
+from tests.conftest import config_dict
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(scope="module")
+def tracking_uri(tmp_path_factory):
+    """One store for the module's sweep; the working directory is left alone (paths are absolute)."""
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+
+
+@pytest.fixture(scope="module")
+def finished_sweep(ray_session, tracking_uri, tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("sweep")
+    body = config_dict(
+        algorithm={"local_lr": {"grid": [0.1, 0.02]}, "participation_rate": 0.6},
+        rounds=3,
+        eval_every=2,
+        tracking={"experiment": "sweep-test", "tracking_uri": tracking_uri},
+    )
+    body["sweep"] = {"name": "t", "max_concurrent_trials": 2, "seeds": [0, 1], "storage_path": str(tmp_path / "ray_results")}
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(body))
+    sweep = load_sweep(path)
+    out = run_sweep(sweep, verbose=0)
+    return sweep, out
+
+
+def test_sweep_of_four_trials_two_at_a_time(finished_sweep, tracking_uri):
+    from mlflow import MlflowClient
+
+    sweep, out = finished_sweep
+    assert out["errors"] == 0 and len(out["results"]) == 4
+    c = MlflowClient(tracking_uri)
+    exp = c.get_experiment_by_name("sweep-test")
+    runs = c.search_runs([exp.experiment_id])
+    parents = [r for r in runs if r.data.tags.get("fedsweep.sweep") == "true"]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId")]
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    assert len(children) == 4
+    assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parents[0].info.run_id}
+    assert all(r.info.status == "FINISHED" for r in children)
+    assert len({r.data.tags["ray.trial_id"] for r in children}) == 4
+    # Every resolved hyperparameter is a param; metrics are per round (step = round).
+    for r in children:
+        assert r.data.params["algorithm.local_lr"] in ("0.1", "0.02")
+        assert r.data.params["data.num_clients"] == "3"
+        steps = [m.step for m in c.get_metric_history(r.info.run_id, "personalized_accuracy_mean")]
+        assert sorted(steps) == [0, 2, 3]
+        assert sorted(m.step for m in c.get_metric_history(r.info.run_id, "local_train_loss")) == [1, 2, 3]
+        artifacts = {a.path for a in c.list_artifacts(r.info.run_id, "plots")} | {
+            a.path for a in c.list_artifacts(r.info.run_id, "clients")
+        }
+        assert artifacts == {"plots/accuracy_vs_round.png", "clients/final_round.json"}
+    assert {a.path for a in c.list_artifacts(parents[0].info.run_id)} == {"sweep.yaml"}
+    # At most two trials ran at once, and two did overlap.
+    spans = sorted((r.info.start_time, r.info.end_time) for r in children)
+    overlaps = [sum(1 for s, e in spans if s < t_end and e > t_start) for t_start, t_end in spans]
+    assert max(overlaps) >= 2
+
+
+def test_same_seed_same_numbers_across_trials(finished_sweep, tracking_uri):
+    runs, _ = load_runs(tracking_uri, "sweep-test")
+    # Trials that differ only in the seed have different numbers; the table groups them as one setting.
+    assert runs.groupby("setting")["seed"].nunique().tolist() == [2, 2]
+
+
+def test_table_best_setting_with_ci(finished_sweep, tracking_uri):
+    sweep, out = finished_sweep
+    runs, tags = load_runs(tracking_uri, "sweep-test", out["parent_run_id"])
+    assert tags["fedsweep.metric"] == "personalized_accuracy_mean"
+    table = best_settings(runs, "personalized_accuracy_mean", "max")
+    assert table["algorithm"].tolist() == ["fedavg"]
+    row = table.iloc[0]
+    by_setting = runs.groupby("setting_label")["personalized_accuracy_mean"].mean()
+    assert row["best setting"] == by_setting.idxmax()
+    chosen = runs[runs["setting_label"] == row["best setting"]]["personalized_accuracy_mean"].to_numpy()
+    assert row["personalized_accuracy_mean mean"] == pytest.approx(chosen.mean())
+    assert row["personalized_accuracy_mean ci95"] == pytest.approx(ci95(chosen))
+    assert "| fedavg | local_lr=" in to_markdown(table)
+
+
+def test_table_cli_formats(finished_sweep, tracking_uri, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking_uri)
+    assert main(["table", "--experiment", "sweep-test"]) == 0
+    out = capsys.readouterr().out
+    assert "| algorithm | best setting |" in out and "| fedavg |" in out and " ± " in out
+    csv = tmp_path / "t.csv"
+    assert main(["table", "--experiment", "sweep-test", "--format", "csv", "--output", str(csv)]) == 0
+    pq = tmp_path / "t.parquet"
+    assert main(["table", "--experiment", "sweep-test", "--format", "parquet", "--output", str(pq)]) == 0
+    a, b = pd.read_csv(csv), pd.read_parquet(pq)
+    assert a["algorithm"].tolist() == b["algorithm"].tolist() == ["fedavg"]
+    assert a["seeds"].tolist() == [2]
+    assert main(["table", "--experiment", "sweep-test", "--metric", "nope"]) == 2
+    assert main(["table", "--experiment", "missing"]) == 2
+
+
+def test_ci95_values():
+    import math
+
+    assert math.isnan(ci95(pd.Series([0.5]).to_numpy()))
+    # n = 3, s = 0.1: t_{0.975,2} = 4.3027 -> 4.3027 × 0.1 / sqrt(3)
+    assert ci95(pd.Series([0.4, 0.5, 0.6]).to_numpy()) == pytest.approx(4.302652729911275 * 0.1 / 3**0.5)
