@@ -7,11 +7,10 @@ import os
 import ray
 import torch
 
-from fedsweep.algorithms.base import ClientData
+from fedsweep.algorithms.base import ClientData, ClientMessage
 from fedsweep.config import ExperimentConfig
 from fedsweep.evaluation import ClientEval
 from fedsweep.federation import Client, Payload
-from fedsweep.algorithms.base import ClientMessage
 
 
 @ray.remote(num_cpus=0)

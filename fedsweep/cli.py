@@ -43,9 +43,13 @@ def cmd_run(args) -> int:
     uri = resolve_tracking_uri(cfg.tracking.tracking_uri)
     logger = RunLogger(uri, ensure_experiment(uri, cfg.tracking.experiment), cfg, run_name=cfg.name)
     print(f"MLflow run {logger.run_id} in experiment '{cfg.tracking.experiment}' at {uri}")
-    bar = tqdm(total=cfg.rounds, unit="round", disable=args.quiet, dynamic_ncols=True)
+    print(f"starting {cfg.num_clients} client actors and the server actor ...")
+    bars: list = []  # created at round 0, once the actors are up
 
     def on_round(m: dict[str, float]) -> None:
+        if not bars:
+            bars.append(tqdm(total=cfg.rounds, unit="round", disable=args.quiet, dynamic_ncols=True))
+        bar = bars[0]
         if m["round"] > 0:
             bar.update(1)
         if "global_accuracy" in m:
@@ -59,7 +63,8 @@ def cmd_run(args) -> int:
     try:
         history = execute(cfg, logger, on_round)
     finally:
-        bar.close()
+        for bar in bars:
+            bar.close()
     if history and history[-1].get("diverged"):
         print(f"diverged at round {int(history[-1]['round'])}: the global model is not finite", file=sys.stderr)
         return EXIT_FAILED

@@ -21,11 +21,12 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from fedsweep.algorithms import ALGORITHMS
 from fedsweep.data import DataConfig, SyntheticConfig
 from fedsweep.models import MLPConfig, ModelConfig
+from fedsweep.schema import StrictModel, names_of
 
 _PARAMS = tuple(cls.Params for cls in ALGORITHMS.values())
 # A discriminated union needs two members or more; with one, the class itself validates.
@@ -47,11 +48,7 @@ METRICS = (
 )
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ResourcesConfig(_Strict):
+class ResourcesConfig(StrictModel):
     """Ray resources of one trial: a placement group of one server bundle and one bundle per client."""
 
     server_cpus: float = Field(0.25, gt=0, description="CPUs of the server bundle (trial driver and ServerActor).")
@@ -85,7 +82,7 @@ class ResourcesConfig(_Strict):
         return [{"CPU": self.server_cpus}] + [dict(client) for _ in range(num_clients)]
 
 
-class TrackingConfig(_Strict):
+class TrackingConfig(StrictModel):
     experiment: str = Field("fedsweep", min_length=1, description="MLflow experiment name.")
     tracking_uri: str | None = Field(
         None, description="MLflow tracking URI; null = $MLFLOW_TRACKING_URI or sqlite:///mlflow.db in the working directory."
@@ -94,7 +91,7 @@ class TrackingConfig(_Strict):
     log_plot: bool = True
 
 
-class ExperimentConfig(_Strict):
+class ExperimentConfig(StrictModel):
     """One experiment: data and split, model, algorithm with its hyperparameters, schedule, resources, tracking."""
 
     name: str = Field("experiment", min_length=1)
@@ -137,7 +134,7 @@ class ExperimentConfig(_Strict):
         return flatten(self.model_dump(mode="json"))
 
 
-class SweepSettings(_Strict):
+class SweepSettings(StrictModel):
     name: str = Field("sweep", min_length=1, description="Tune run name and MLflow parent run name.")
     metric: Literal[METRICS] = Field("personalized_accuracy_mean", description="Final-round metric the table ranks by.")  # type: ignore[valid-type]
     mode: Literal["max", "min"] = "max"
@@ -157,7 +154,11 @@ class Trial:
     overrides: dict[str, Any]
 
     def label(self) -> str:
-        return ", ".join(f"{k}={v}" for k, v in self.overrides.items()) or "(base config)"
+        return overrides_label(self.overrides)
+
+
+def overrides_label(overrides: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in overrides.items()) or "(base config)"
 
 
 @dataclass(frozen=True)
@@ -275,17 +276,13 @@ def _expand(node: Any, path: tuple, problems: list[str]) -> list[tuple[Any, dict
 def _allowed_keys(model: type[BaseModel] | None) -> list[str]:
     if model is None:
         return []
-    keys = []
-    for name, info in model.model_fields.items():
-        keys.append(name)
-        keys += [a for a in getattr(info.validation_alias, "choices", []) if a != name]
-    return keys
+    return [key for name, info in model.model_fields.items() for key in names_of(name, info)]
 
 
 def _alias_of(model: type[BaseModel] | None, key: Any) -> str | None:
     """The field that ``key`` is an alias (or the name) of, if any."""
     for name, info in (model.model_fields.items() if model else ()):
-        if key == name or key in getattr(info.validation_alias, "choices", ()):
+        if key in names_of(name, info):
             return name
     return None
 
@@ -466,9 +463,8 @@ def load_sweep(path: str | Path, check_cluster: bool = True) -> Sweep:
         try:
             trials.append(Trial(len(trials), validate(value, file, lines), overrides))
         except ConfigError as e:
-            label = Trial(0, None, overrides).label()  # type: ignore[arg-type]
             for p in e.problems:
-                failing.setdefault(p, []).append(label)
+                failing.setdefault(p, []).append(overrides_label(overrides))
     for p, labels in failing.items():
         # A problem common to every grid point is the file's; otherwise name the points that have it.
         problems.append(p if len(labels) == len(points) else f"{p} [in trial {'; '.join(labels[:3])}{' ...' if len(labels) > 3 else ''}]")

@@ -105,6 +105,7 @@ class Server:
         self.algorithm = build_algorithm(cfg.algorithm)
         self.params = FlatModel(build_model(cfg.model, num_features, num_classes)).initial_vector(cfg.seed)
         self.state = self.algorithm.init_server_state(self.params)
+        self.eval_rounds = cfg.eval_rounds()
         self.uploads = 0
         self.downloads = 0
         self.last_evals: list[ClientEval] = []
@@ -142,13 +143,19 @@ class Server:
 
     def step(self, pool: ClientPool, rnd: int) -> dict[str, float]:
         """Round ``rnd`` (0 = evaluation of the initial model only) and, on the cadence, evaluation."""
+        """Round ``rnd`` (0 = evaluation of the initial model only) and, on the cadence, evaluation.
+
+        A round that leaves the global model non-finite is flagged ``diverged`` and evaluated, so that
+        its metrics are complete; the caller stops there.
+        """
         metrics: dict[str, float] = {"round": float(rnd)}
         if rnd > 0:
             metrics.update(self.train_round(pool, rnd))
-        if rnd in self.cfg.eval_rounds():
+        diverged = not bool(torch.isfinite(self.params).all())
+        if rnd in self.eval_rounds or diverged:
             metrics.update(self.evaluate(pool, rnd))
         metrics.update(uploads=float(self.uploads), downloads=float(self.downloads), transmissions=float(self.uploads + self.downloads))
-        if not math.isfinite(float(self.params.sum())):
+        if diverged:
             metrics["diverged"] = 1.0
         return metrics
 

@@ -5,23 +5,23 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+from pydantic import Field, PositiveInt
 from torch import nn
+
+from fedsweep.schema import StrictModel
 
 ACTIVATIONS = {"relu": nn.ReLU, "elu": nn.ELU, "tanh": nn.Tanh}
 
 
-class MLRConfig(BaseModel):
+class MLRConfig(StrictModel):
     """Multinomial logistic regression: one linear layer followed by softmax."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     name: Literal["mlr"] = "mlr"
 
 
-class MLPConfig(BaseModel):
+class MLPConfig(StrictModel):
     """Fully connected network with ``hidden`` layer widths."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     name: Literal["mlp"] = "mlp"
     hidden: list[PositiveInt] = Field(default_factory=lambda: [20], min_length=1)
     activation: Literal["relu", "elu", "tanh"] = "relu"

@@ -143,3 +143,19 @@ def test_summary_metrics_from_per_client_sums():
     assert m["global_loss"] == pytest.approx(75 / 80)
     assert m["train_loss"] == pytest.approx(12 / 60)
     assert all(math.isfinite(v) for v in m.values())
+
+
+def test_divergence_is_flagged_and_evaluated():
+    cfg = validate(config_dict(algorithm={"local_lr": 1e30, "local_steps": 5}, rounds=6, eval_every=6))
+    ds = build_federated_dataset(cfg.data)
+    from fedsweep.federation import Client, LocalPool
+
+    server = Server(cfg, ds.num_features, ds.num_classes)
+    pool = LocalPool([Client(i, d, cfg, ds.num_features, ds.num_classes) for i, d in enumerate(ds.clients)])
+    m = {}
+    for rnd in range(1, 7):
+        m = server.step(pool, rnd)
+        if m.get("diverged"):
+            break
+    assert m.get("diverged") == 1.0 and rnd < 6
+    assert "personalized_accuracy_mean" in m  # evaluated although not on the cadence

@@ -6,6 +6,7 @@ from typing import Literal, get_args, get_origin
 
 from fedsweep.algorithms.base import Algorithm, HyperParameters
 from fedsweep.algorithms.fedavg import FedAvg
+from fedsweep.schema import names_of
 
 ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (FedAvg,)}
 
@@ -24,7 +25,7 @@ def describe_algorithms() -> list[dict]:
         for field_name, info in cls.Params.model_fields.items():
             if field_name == "name":
                 continue
-            aliases = [a for a in getattr(info.validation_alias, "choices", []) if a != field_name]
+            aliases = names_of(field_name, info)[1:]
             bounds = [f"{sym} {getattr(m, attr)}" for m in info.metadata for attr, sym in _BOUNDS if hasattr(m, attr)]
             if get_origin(info.annotation) is Literal:
                 bounds.append("one of " + ", ".join(map(str, get_args(info.annotation))))

@@ -21,32 +21,27 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 import torch
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from fedsweep.models import FlatModel
+from fedsweep.schema import StrictModel, aliases
 
 State = dict[str, torch.Tensor]
 
 
-def _alias(name: str, *aliases: str) -> AliasChoices:
-    return AliasChoices(name, *aliases)
-
-
-class HyperParameters(BaseModel):
+class HyperParameters(StrictModel):
     """Fields every algorithm reads: who takes part in a round and how much local work is done.
 
     Greek aliases follow ``ALGORITHMS.md``: ``tau``/``τ`` for ``local_steps``,
     ``r`` for ``participation_rate``.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
     name: str
     participation_rate: float | None = Field(
         None,
         gt=0,
         le=1,
-        validation_alias=_alias("participation_rate", "r"),
+        validation_alias=aliases("participation_rate", "r"),
         description="r: fraction of clients sampled per round; ceil(r*n) clients. "
         "Give this or clients_per_round (default r = 1).",
     )
@@ -54,7 +49,7 @@ class HyperParameters(BaseModel):
         None, ge=1, description="Number of clients sampled per round (alternative to participation_rate)."
     )
     local_steps: int = Field(
-        10, ge=1, validation_alias=_alias("local_steps", "tau", "τ"), description="τ: local steps per round."
+        10, ge=1, validation_alias=aliases("local_steps", "tau", "τ"), description="τ: local steps per round."
     )
     batch_size: int | None = Field(
         20, ge=1, description="Minibatch size of a local step; null = the client's whole training set."

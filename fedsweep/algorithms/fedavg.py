@@ -27,10 +27,10 @@ from fedsweep.algorithms.base import (
     ClientMessage,
     HyperParameters,
     State,
-    _alias,
     sgd,
     weighted_average,
 )
+from fedsweep.schema import aliases
 
 
 class PersonalizationMixin(HyperParameters):
@@ -39,7 +39,7 @@ class PersonalizationMixin(HyperParameters):
     personalization_lr: float = Field(
         0.0,
         ge=0,
-        validation_alias=_alias("personalization_lr", "alpha", "α"),
+        validation_alias=aliases("personalization_lr", "alpha", "α"),
         description="α: step size of the evaluation-time update (0 = score the global model).",
     )
     personalization_steps: int = Field(1, ge=0, description="Number of full-batch steps of size α at evaluation.")
@@ -48,7 +48,7 @@ class PersonalizationMixin(HyperParameters):
 class FedAvgParams(PersonalizationMixin):
     name: Literal["fedavg"] = "fedavg"
     local_lr: float = Field(
-        0.05, gt=0, validation_alias=_alias("local_lr", "beta", "β"), description="β: local learning rate."
+        0.05, gt=0, validation_alias=aliases("local_lr", "beta", "β"), description="β: local learning rate."
     )
 
 

@@ -8,23 +8,20 @@ from typing import Annotated, Literal
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-from fedsweep.algorithms.base import ClientData, _alias
+from fedsweep.algorithms.base import ClientData
 from fedsweep.data import partitions, synthetic
+from fedsweep.schema import StrictModel, aliases
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class IIDPartition(_Strict):
+class IIDPartition(StrictModel):
     """Shuffled samples dealt evenly."""
 
     name: Literal["iid"] = "iid"
 
 
-class LabelSkewPartition(_Strict):
+class LabelSkewPartition(StrictModel):
     """Each client holds exactly ``classes_per_client`` classes."""
 
     name: Literal["label_skew"] = "label_skew"
@@ -34,13 +31,13 @@ class LabelSkewPartition(_Strict):
 PartitionConfig = Annotated[IIDPartition | LabelSkewPartition, Field(discriminator="name")]
 
 
-class SyntheticConfig(_Strict):
+class SyntheticConfig(StrictModel):
     """FedProx's Synthetic(ᾱ, β̄); each device is its own distribution, so no partition is applied."""
 
     dataset: Literal["synthetic"] = "synthetic"
     num_clients: int = Field(20, ge=1)
-    model_heterogeneity: float = Field(0.5, ge=0, validation_alias=_alias("model_heterogeneity", "alpha"), description="ᾱ")
-    data_heterogeneity: float = Field(0.5, ge=0, validation_alias=_alias("data_heterogeneity", "beta"), description="β̄")
+    model_heterogeneity: float = Field(0.5, ge=0, validation_alias=aliases("model_heterogeneity", "alpha"), description="ᾱ")
+    data_heterogeneity: float = Field(0.5, ge=0, validation_alias=aliases("data_heterogeneity", "beta"), description="β̄")
     num_features: int = Field(60, ge=1)
     num_classes: int = Field(10, ge=2)
     min_samples_per_client: int = Field(50, ge=2)
@@ -61,7 +58,7 @@ class SyntheticConfig(_Strict):
 DIGITS_FEATURES, DIGITS_CLASSES = 64, 10
 
 
-class DigitsConfig(_Strict):
+class DigitsConfig(StrictModel):
     """scikit-learn's bundled 8×8 digits (1797 images, 10 classes), split by ``partition``."""
 
     dataset: Literal["digits"] = "digits"

@@ -1,0 +1,20 @@
+"""The base of every config object: strict (unknown keys are errors), immutable, with documented aliases."""
+
+from __future__ import annotations
+
+from pydantic import AliasChoices, BaseModel, ConfigDict
+from pydantic.fields import FieldInfo
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def aliases(name: str, *others: str) -> AliasChoices:
+    """Accept a field under its descriptive name or any of ``others`` (e.g. the paper's Greek letter)."""
+    return AliasChoices(name, *others)
+
+
+def names_of(name: str, info: FieldInfo) -> list[str]:
+    """A field's name followed by its aliases."""
+    return [name] + [a for a in getattr(info.validation_alias, "choices", ()) if a != name]
