@@ -110,6 +110,9 @@ class ExperimentConfig(StrictModel):
         hp = self.algorithm
         if hp.clients_per_round is not None and hp.participation_rate is not None:
             raise ValueError("algorithm: give participation_rate (r) or clients_per_round, not both")
+        problem = hp.model_problem(self.model.name)
+        if problem:
+            raise ValueError(f"algorithm.name={hp.name} with model.name={self.model.name}: {problem}")
         if hp.clients_per_round is not None and hp.clients_per_round > n:
             raise ValueError(
                 f"algorithm.clients_per_round={hp.clients_per_round} samples more clients than exist "
@@ -336,12 +339,17 @@ def _format_errors(err: ValidationError, raw: dict, file: str, lines: dict[tuple
                 allowed = _allowed_keys(model)
                 msg = f"unknown key '{loc[-1]}'" + (f"; allowed keys: {', '.join(allowed)}" if allowed else "")
         elif e["type"] == "union_tag_invalid":
-            msg = f"{msg.replace('Input tag', 'value')}"
+            key = e["ctx"]["discriminator"].strip("'")
+            field = f"{field}.{key}"
+            msg = f"unknown value {e['ctx']['tag']!r}; allowed: {e['ctx']['expected_tags']}"
         elif e["type"] == "union_tag_not_found":
-            msg = f"missing the key that selects the kind ({e['ctx'].get('discriminator')})"
-        elif "input" in e and e["type"] not in ("missing",):
+            key = e["ctx"]["discriminator"].strip("'")
+            field = f"{field}.{key}"
+            msg = "missing; it selects which kind this section is"
+        elif "input" in e and e["type"] != "missing" and loc:
             msg = f"{msg} (got {e['input']!r})"
-        problems.append(f"{where}: {field}: {msg}")
+        # A cross-field rule (empty location) names its fields in its own message.
+        problems.append(f"{where}: {field}: {msg}" if loc else f"{where}: {msg}")
     return problems
 
 

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
-
-from fedsweep.models import FlatModel
 
 
 @dataclass
@@ -40,11 +39,11 @@ class ClientEval:
 
 
 @torch.no_grad()
-def score(model: FlatModel, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor, chunk: int = 4096) -> tuple[int, float]:
-    """(number correct, summed cross-entropy) of ``params`` on (x, y)."""
+def score(predict: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, y: torch.Tensor, chunk: int = 4096) -> tuple[int, float]:
+    """(number correct, summed cross-entropy) of the class scores ``predict(x)`` on (x, y)."""
     correct, loss = 0, 0.0
     for i in range(0, y.shape[0], chunk):
-        logits = model(params, x[i : i + chunk])
+        logits = predict(x[i : i + chunk])
         yy = y[i : i + chunk]
         correct += int((logits.argmax(dim=1) == yy).sum())
         loss += float(torch.nn.functional.cross_entropy(logits, yy, reduction="sum"))

@@ -67,11 +67,13 @@ class Client:
 
     def evaluate(self, payload: Payload, rnd: int) -> ClientEval:
         p = to_tensors(payload, self.device)
-        personal = self.algorithm.personalize(self._context(rnd, _EVAL), p, self._state(p["params"]))
+        ctx = self._context(rnd, _EVAL)
+        personal = self.algorithm.personalize(ctx, p, self._state(p["params"]))
         d = self.data
-        pc, pl = score(self.model, personal, d.x_test, d.y_test)
-        gc, gl = score(self.model, p["params"], d.x_test, d.y_test)
-        _, tl = score(self.model, p["params"], d.x_train, d.y_train)
+        pc, pl = score(self.algorithm.predictor(ctx, personal), d.x_test, d.y_test)
+        global_model = lambda x: self.model(p["params"], x)  # noqa: E731
+        gc, gl = score(global_model, d.x_test, d.y_test)
+        _, tl = score(global_model, d.x_train, d.y_train)
         return ClientEval(self.client_id, d.num_train, d.num_test, pc, pl, gc, gl, tl, self.times_sampled)
 
     def get_state(self) -> Payload | None:
@@ -123,14 +125,17 @@ class Server:
     def train_round(self, pool: ClientPool, rnd: int) -> dict[str, float]:
         """One round: sample, broadcast, local training, aggregation. Messages are used in client-id order."""
         sampled = self.sample(rnd)
-        messages = sorted(pool.train(sampled, self.payload(), rnd), key=lambda m: m.client_id)
+        trained = list(range(self.cfg.num_clients)) if self.algorithm.trains_all_clients else sampled
+        replies = sorted(pool.train(trained, self.payload(), rnd), key=lambda m: m.client_id)
+        chosen = set(sampled)
+        messages = [m for m in replies if m.client_id in chosen]
         for m in messages:
             m.payload = {k: torch.from_numpy(np.array(v)) for k, v in m.payload.items()}
         self.params, self.state = self.algorithm.server_update(self.params, messages, self.state, self.cfg.num_clients)
         per_message = self.algorithm.transmissions_per_message
-        self.downloads += per_message * len(sampled)
+        self.downloads += per_message * len(trained)
         self.uploads += per_message * len(messages)
-        losses = [m.stats["local_train_loss"] for m in messages if "local_train_loss" in m.stats]
+        losses = [m.stats["local_train_loss"] for m in replies if "local_train_loss" in m.stats]
         return {
             "clients_sampled": float(len(sampled)),
             "clients_answered": float(len(messages)),

@@ -56,6 +56,11 @@ class FlatModel:
         self.shapes = [p.shape for _, p in module.named_parameters()]
         self.numels = [p.numel() for _, p in module.named_parameters()]
         self.numel = sum(self.numels)
+        linears = [m for m in module.modules() if isinstance(m, nn.Linear)]
+        self.num_classes = linears[-1].out_features
+        # The representation r_w(x): everything before the last layer (the input itself for MLR).
+        self._body = module[:-1] if isinstance(module, nn.Sequential) and len(module) > 1 else None
+        self._head_prefix = f"{len(module) - 1}." if self._body is not None else None
 
     def to(self, device: torch.device | str) -> "FlatModel":
         self.module.to(device)
@@ -79,6 +84,13 @@ class FlatModel:
             out[name] = vector[offset : offset + n].view(shape)
             offset += n
         return out
+
+    def features(self, vector: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """r_w(x), the model's input to its last layer."""
+        if self._body is None:
+            return x
+        params = {k: v for k, v in self.unflatten(vector).items() if not k.startswith(self._head_prefix)}
+        return torch.func.functional_call(self._body, params, (x,))
 
     def __call__(self, vector: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return torch.func.functional_call(self.module, self.unflatten(vector), (x,))

@@ -81,3 +81,49 @@ def test_divergence_stops_the_run(ray_session):
     history = execute(cfg, logger=None)
     assert history[-1].get("diverged") == 1.0
     assert len(history) < 7
+
+
+@pytest.mark.parametrize(
+    "algorithm",
+    [
+        {"name": "scaffold", "local_lr": 0.1},
+        {"name": "pfldyn", "local_lr": 0.1, "regularization": 0.1, "transform": "maml", "personalization_lr": 0.05},
+    ],
+)
+def test_unsampled_clients_keep_their_state(ray_session, algorithm):
+    """Client state (c_i or g_i) lives in the client actor and changes only in rounds the client is sampled."""
+    import numpy as np
+
+    from fedsweep.federation import Server
+
+    cfg = validate(
+        config_dict(
+            algorithm={"_replace": True, **algorithm, "local_steps": 2, "batch_size": 8, "participation_rate": 0.5},
+            data={"num_clients": 4, "partition": {"name": "iid"}},
+            rounds=4,
+            eval_every=4,
+        )
+    )
+    reference = Server(cfg, 64, 10)
+    runner = ExperimentRunner(cfg)
+    try:
+        runner.start()
+        rounds = runner.rounds()
+        next(rounds)
+        states = lambda: ray_session.get(runner.server.client_states.remote([0, 1, 2, 3]))  # noqa: E731
+        seen_unsampled = 0
+        for rnd in range(1, 5):
+            before = states()
+            next(rounds)
+            after = states()
+            sampled = reference.sample(rnd)
+            assert len(sampled) == 2
+            for i in range(4):
+                if i in sampled:
+                    assert after[i] is not None and (before[i] is None or not all(np.array_equal(before[i][k], after[i][k]) for k in after[i]))
+                else:
+                    seen_unsampled += 1
+                    assert (before[i] is None and after[i] is None) or all(np.array_equal(before[i][k], after[i][k]) for k in before[i])
+        assert seen_unsampled == 8
+    finally:
+        runner.stop()

@@ -5,10 +5,21 @@ from __future__ import annotations
 from typing import Literal, get_args, get_origin
 
 from fedsweep.algorithms.base import Algorithm, HyperParameters
+from fedsweep.algorithms.ditto import Ditto
 from fedsweep.algorithms.fedavg import FedAvg
+from fedsweep.algorithms.feddyn import FedDyn
+from fedsweep.algorithms.fedprox import FedProx
+from fedsweep.algorithms.pavg import PAvg
+from fedsweep.algorithms.perfedavg import PerFedAvg
+from fedsweep.algorithms.pfedme import PFedMe
+from fedsweep.algorithms.pfldyn import PFLDyn
+from fedsweep.algorithms.pflscaf import PFLScaf
+from fedsweep.algorithms.scaffold import Scaffold
 from fedsweep.schema import names_of
 
-ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (FedAvg,)}
+ALGORITHMS: dict[str, type[Algorithm]] = {
+    cls.name: cls for cls in (FedAvg, PerFedAvg, PFedMe, PFLDyn, PFLScaf, PAvg, FedProx, Scaffold, FedDyn, Ditto)
+}
 
 
 def build_algorithm(params: HyperParameters) -> Algorithm:

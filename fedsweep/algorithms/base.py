@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -27,6 +28,10 @@ from fedsweep.models import FlatModel
 from fedsweep.schema import StrictModel, aliases
 
 State = dict[str, torch.Tensor]
+Batch = tuple[torch.Tensor, torch.Tensor]
+#: f(w; D): a scalar loss of the flat parameters on a batch. Algorithms' math takes one of these, so
+#: it can be checked on closed-form objectives (quadratics) as well as on a model's cross-entropy.
+LossFn = Callable[[torch.Tensor, Batch], torch.Tensor]
 
 
 class HyperParameters(StrictModel):
@@ -58,6 +63,10 @@ class HyperParameters(StrictModel):
         "weighted",
         description="Server average of client models: 'weighted' by training-sample count, or 'uniform'.",
     )
+
+    def model_problem(self, model_name: str) -> str | None:
+        """Why this algorithm cannot train a model of this kind, if it cannot."""
+        return None
 
     def sampled_count(self, num_clients: int) -> int:
         """Clients per round: ``clients_per_round`` or ceil(r * n), at least one."""
@@ -97,17 +106,15 @@ class ClientContext:
     data: ClientData
     generator: torch.Generator
 
-    def loss(self, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def loss(self, params: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """f_i(w; D): mean cross-entropy of the model with parameters ``params`` on ``batch``."""
+        x, y = batch
         return torch.nn.functional.cross_entropy(self.model(params, x), y)
 
-    def grad(self, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, float]:
-        """∇f_i(params; x, y) and the loss value, without building a graph beyond this call."""
-        params = params.detach().requires_grad_(True)
-        loss = self.loss(params, x, y)
-        (g,) = torch.autograd.grad(loss, params)
-        return g, float(loss.detach())
+    def train_data(self) -> Batch:
+        return self.data.x_train, self.data.y_train
 
-    def batch(self, batch_size: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(self, batch_size: int | None) -> Batch:
         """A fresh training minibatch drawn without replacement (the whole set if ``batch_size`` is None)."""
         n = self.data.num_train
         if batch_size is None or batch_size >= n:
@@ -126,15 +133,35 @@ class ClientMessage:
     stats: dict[str, float] = field(default_factory=dict)
 
 
-def sgd(ctx: ClientContext, params: torch.Tensor, lr: float, steps: int, batch_size: int | None) -> tuple[torch.Tensor, float]:
-    """``steps`` plain SGD steps w ← w − lr ∇f_i(w; D) on fresh batches; returns (w, mean loss)."""
+def grad(loss: LossFn, params: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, float]:
+    """∇f(w; D) and f(w; D), with no graph kept."""
+    w = params.detach().requires_grad_(True)
+    value = loss(w, batch)
+    (g,) = torch.autograd.grad(value, w)
+    return g, float(value.detach())
+
+
+def sgd(
+    ctx: ClientContext,
+    params: torch.Tensor,
+    lr: float,
+    steps: int,
+    batch_size: int | None,
+    correction: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, float]:
+    """``steps`` SGD steps w ← w − lr (∇f_i(w; D) + c(w)) on fresh batches; returns (w, mean loss of f_i).
+
+    ``correction`` c(w) is the gradient of whatever an algorithm adds to the local objective
+    (a proximal term, control variates, a dynamic regularizer).
+    """
     w = params.detach().clone()
     total = 0.0
     for _ in range(steps):
-        x, y = ctx.batch(batch_size)
-        g, loss = ctx.grad(w, x, y)
+        g, value = grad(ctx.loss, w, ctx.batch(batch_size))
+        if correction is not None:
+            g = g + correction(w)
         w -= lr * g
-        total += loss
+        total += value
     return w, total / max(steps, 1)
 
 
@@ -154,6 +181,9 @@ class Algorithm(ABC):
     Params: ClassVar[type[HyperParameters]]
     #: model transmissions a sampled client costs per round, each way (PFLScaf sends two vectors).
     transmissions_per_message: ClassVar[int] = 1
+    #: pFedMe: the server broadcasts to every client and every client trains (its personalized model
+    #: moves), but only the sampled clients' messages are aggregated.
+    trains_all_clients: ClassVar[bool] = False
 
     def __init__(self, params: HyperParameters):
         self.hp = params
@@ -182,6 +212,10 @@ class Algorithm(ABC):
     def personalize(self, ctx: ClientContext, payload: State, state: State) -> torch.Tensor:
         """The model a client is scored with; identity (the global model) by default."""
         return payload["params"]
+
+    def predictor(self, ctx: ClientContext, personalized: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        """x ↦ class scores of the personalized model (Proto replaces the classifier by centroids)."""
+        return lambda x: ctx.model(personalized, x)
 
     def aggregation_weights(self, messages: list[ClientMessage]) -> list[float]:
         if self.hp.aggregation == "uniform":

@@ -1,0 +1,82 @@
+"""Per-FedAvg (Fallah, Mokhtari, Ozdaglar, 2020): Algorithm 1, with the FO and HF variants of App. G/H.
+
+Each local step t = 1..τ of a sampled client draws three independent batches D, D′, D″ and sets
+
+    w̃ = w − α ∇f_i(w; D)
+    g = ∇f_i(w̃; D′)
+    exact: w ← w − β (I − α ∇²f_i(w; D″)) g        (Hessian-vector product by double backward)
+    fo:    w ← w − β g
+    hf:    w ← w − β (g − α d),  d = [∇f_i(w + δg; D″) − ∇f_i(w − δg; D″)] / (2δ)
+
+Server: the FedAvg average. Evaluation: ``personalization_steps`` steps of size α on the client's
+training data (default one). With α = 0 all three variants are SGD on D′, i.e. FedAvg.
+Reads: α, β, τ, r, and D, D′, D″, δ.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import Field
+
+from fedsweep.algorithms.base import Batch, ClientContext, LossFn, State, grad
+from fedsweep.algorithms.fedavg import FedAvg, PersonalizationMixin
+from fedsweep.schema import aliases
+
+Variant = Literal["fo", "hf", "exact"]
+
+
+class PerFedAvgParams(PersonalizationMixin):
+    name: Literal["perfedavg"] = "perfedavg"
+    variant: Variant = Field("hf", description="fo: first order; hf: Hessian-free (finite differences); exact: Hessian-vector product.")
+    personalization_lr: float = Field(
+        0.01, ge=0, validation_alias=aliases("personalization_lr", "alpha", "α"), description="α: inner (MAML) step, also used at evaluation."
+    )
+    local_lr: float = Field(0.001, gt=0, validation_alias=aliases("local_lr", "beta", "β"), description="β: outer (meta) step.")
+    outer_batch_size: int | None = Field(None, ge=1, description="|D′|; null = batch_size.")
+    hessian_batch_size: int | None = Field(None, ge=1, description="|D″| (hf and exact); null = batch_size.")
+    hf_delta: float = Field(1e-3, gt=0, validation_alias=aliases("hf_delta", "delta", "δ"), description="δ of the HF finite difference.")
+
+
+def hessian_vector(loss: LossFn, w: torch.Tensor, batch: Batch, v: torch.Tensor) -> torch.Tensor:
+    """∇²f(w; D) v by differentiating ⟨∇f(w; D), v⟩ once more."""
+    w = w.detach().requires_grad_(True)
+    (g,) = torch.autograd.grad(loss(w, batch), w, create_graph=True)
+    (hv,) = torch.autograd.grad(g @ v.detach(), w)
+    return hv
+
+
+def meta_step(
+    loss: LossFn, w: torch.Tensor, batches: tuple[Batch, Batch, Batch | None], alpha: float, beta: float, variant: Variant, delta: float
+) -> tuple[torch.Tensor, float]:
+    """One Per-FedAvg local step on (D, D′, D″); returns the new w and f(w̃; D′). FO needs no D″."""
+    d_inner, d_outer, d_hess = batches
+    g_inner, _ = grad(loss, w, d_inner)
+    g, value = grad(loss, w - alpha * g_inner, d_outer)
+    if variant == "fo" or alpha == 0:
+        correction = torch.zeros_like(g)
+    elif variant == "exact":
+        correction = hessian_vector(loss, w, d_hess, g)
+    else:
+        plus, _ = grad(loss, w + delta * g, d_hess)
+        minus, _ = grad(loss, w - delta * g, d_hess)
+        correction = (plus - minus) / (2 * delta)
+    return w - beta * (g - alpha * correction), value
+
+
+class PerFedAvg(FedAvg):
+    name = "perfedavg"
+    Params = PerFedAvgParams
+    hp: PerFedAvgParams
+
+    def client_update(self, ctx: ClientContext, payload: State, state: State) -> tuple[State, State, dict[str, float]]:
+        hp = self.hp
+        outer = hp.outer_batch_size or hp.batch_size
+        hess = hp.hessian_batch_size or hp.batch_size
+        w, total = payload["params"].clone(), 0.0
+        for _ in range(hp.local_steps):
+            batches = (ctx.batch(hp.batch_size), ctx.batch(outer), ctx.batch(hess) if hp.variant != "fo" else None)
+            w, value = meta_step(ctx.loss, w, batches, hp.personalization_lr, hp.local_lr, hp.variant, hp.hf_delta)
+            total += value
+        return {"params": w}, state, {"local_train_loss": total / hp.local_steps}

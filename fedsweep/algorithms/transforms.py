@@ -1,0 +1,75 @@
+"""The personalization transforms T_i of PFL (Acar et al., 2021, Sec. 3): identity, MAML and Proto.
+
+A transform enters local training through the gradient of f_i(T_i(w; D); D′) used at each step, and
+evaluation through the personalized predictor:
+
+- identity: T(w) = w (FedDyn, SCAFFOLD, FedAvg).
+- MAML: T(w; D) = w − η ∇f_i(w; D). The step uses ∇f_i(w̄; D′) at w̄ = T(w; D) (first order, as in
+  the paper's Algorithm 1 line "∇f̃_i(w̄; D′)"); evaluation adapts w with one step of size η on the
+  client's whole training set.
+- Proto: the classifier is replaced by class prototypes. With r_w(x) the model's representation (its
+  input to the last layer) and c_k the mean of r_w over the samples of class k in D, the score of
+  class k is −‖r_w(x) − c_k‖²; the step uses the gradient of the cross-entropy of these scores on D′
+  with respect to w (through both r_w(x) and the c_k). Evaluation uses the centroids of the client's
+  whole training set: a test point gets the label of its nearest centroid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
+
+import torch
+
+from fedsweep.algorithms.base import Batch, ClientContext, grad
+
+Transform = Literal["identity", "maml", "proto"]
+
+
+def proto_scores(ctx: ClientContext, w: torch.Tensor, support: Batch, x: torch.Tensor) -> torch.Tensor:
+    """−‖r_w(x) − c_k‖² for every class k; classes absent from ``support`` score −inf."""
+    xs, ys = support
+    feats = ctx.model.features(w, xs)
+    num_classes = ctx.model.num_classes
+    counts = torch.bincount(ys, minlength=num_classes).to(feats.dtype)
+    sums = torch.zeros(num_classes, feats.shape[1], dtype=feats.dtype, device=feats.device).index_add(0, ys, feats)
+    centroids = sums / counts.clamp(min=1).unsqueeze(1)
+    scores = -torch.cdist(ctx.model.features(w, x), centroids).pow(2)
+    return scores.masked_fill(counts == 0, float("-inf"))
+
+
+def proto_loss(ctx: ClientContext, w: torch.Tensor, support: Batch, query: Batch) -> torch.Tensor:
+    x, y = query
+    scores = proto_scores(ctx, w, support, x)
+    # A query label absent from the support set cannot be scored; such samples are left out.
+    keep = torch.isfinite(scores.gather(1, y.unsqueeze(1))).squeeze(1)
+    if not bool(keep.any()):
+        return (w * 0).sum()
+    return torch.nn.functional.cross_entropy(scores[keep], y[keep])
+
+
+def transformed_gradient(
+    ctx: ClientContext, transform: Transform, w: torch.Tensor, lr: float, batch_size: int | None
+) -> tuple[torch.Tensor, float]:
+    """The data term of one local step: ∇ of f_i(T(w; D); D′) as each transform defines it; (gradient, loss)."""
+    if transform == "identity":
+        return grad(ctx.loss, w, ctx.batch(batch_size))
+    support, query = ctx.batch(batch_size), ctx.batch(batch_size)
+    if transform == "maml":
+        g_inner, _ = grad(ctx.loss, w, support)
+        return grad(ctx.loss, w - lr * g_inner, query)
+    return grad(lambda v, q: proto_loss(ctx, v, support, q), w, query)
+
+
+def personalized(ctx: ClientContext, transform: Transform, w: torch.Tensor, lr: float) -> torch.Tensor:
+    """The personalized parameters scored at evaluation (MAML: one full-batch step of size η)."""
+    if transform == "maml" and lr > 0:
+        g, _ = grad(ctx.loss, w, ctx.train_data())
+        return w - lr * g
+    return w
+
+
+def predictor(ctx: ClientContext, transform: Transform, w: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    if transform == "proto":
+        return lambda x: proto_scores(ctx, w, ctx.train_data(), x)
+    return lambda x: ctx.model(w, x)

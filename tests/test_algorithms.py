@@ -1,0 +1,255 @@
+"""Each algorithm checked against its paper's equations (in process, no Ray)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedsweep.algorithms import ALGORITHMS
+from fedsweep.algorithms.base import ClientContext, ClientData, ClientMessage
+from fedsweep.algorithms.feddyn import FedDyn, FedDynParams
+from fedsweep.algorithms.perfedavg import meta_step
+from fedsweep.algorithms.pfedme import PFedMe, PFedMeParams, prox_solve
+from fedsweep.algorithms.pfldyn import PFLDyn, PFLDynParams
+from fedsweep.algorithms.transforms import proto_scores
+from fedsweep.config import validate
+from fedsweep.federation import run_local
+from fedsweep.models import FlatModel, MLPConfig, MLRConfig, build_model
+from tests.conftest import config_dict
+
+torch.set_default_dtype(torch.float32)
+
+
+def quadratic(w, batch):
+    """f(w; (A, b)) = ½ wᵀAw − bᵀw: ∇f = Aw − b, ∇²f = A."""
+    a, b = batch
+    return 0.5 * w @ a @ w - b @ w
+
+
+def spd(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    m = torch.randn(n, n, generator=g, dtype=torch.float64)
+    return m @ m.T / n + torch.eye(n, dtype=torch.float64), torch.randn(n, generator=g, dtype=torch.float64)
+
+
+def cfg_for(algorithm: dict, **sections):
+    return validate(config_dict(algorithm={"_replace": True, **algorithm}, **sections))
+
+
+def final_params(algorithm: dict, **sections):
+    _, server = run_local(cfg_for(algorithm, **sections))
+    return server.params
+
+
+# ------------------------------------------------------------------ Per-FedAvg
+
+
+def test_perfedavg_exact_matches_hand_computed_maml_on_a_quadratic():
+    (a1, b1), (a2, b2), (a3, b3) = spd(5, 1), spd(5, 2), spd(5, 3)
+    w = torch.randn(5, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    alpha, beta = 0.1, 0.05
+    w_tilde = w - alpha * (a1 @ w - b1)
+    g = a2 @ w_tilde - b2
+    expected = w - beta * (torch.eye(5, dtype=torch.float64) - alpha * a3) @ g
+    got, _ = meta_step(quadratic, w, ((a1, b1), (a2, b2), (a3, b3)), alpha, beta, "exact", 1e-3)
+    assert (got - expected).abs().max() < 1e-6
+    fo, _ = meta_step(quadratic, w, ((a1, b1), (a2, b2), (a3, b3)), alpha, beta, "fo", 1e-3)
+    assert (fo - (w - beta * g)).abs().max() < 1e-12
+
+
+def test_perfedavg_hf_approaches_exact_as_delta_shrinks():
+    torch.manual_seed(0)
+    model = FlatModel(build_model(MLPConfig(hidden=[8], activation="elu"), 6, 3).double())
+    w = model.initial_vector(0).double()
+
+    def ce(v, batch):
+        return torch.nn.functional.cross_entropy(model(v, batch[0]), batch[1])
+
+    batches = [(torch.randn(20, 6, dtype=torch.float64), torch.randint(0, 3, (20,))) for _ in range(3)]
+    exact, _ = meta_step(ce, w, batches, 0.5, 0.1, "exact", 0.0)
+    errors = [float((meta_step(ce, w, batches, 0.5, 0.1, "hf", d)[0] - exact).norm()) for d in (1e-1, 1e-2, 1e-3)]
+    assert errors[0] > errors[1] > errors[2]
+    assert errors[2] < 1e-6 * float(exact.norm()) + 1e-8
+
+
+@pytest.mark.parametrize("variant", ["fo", "hf", "exact"])
+def test_perfedavg_with_alpha_zero_is_fedavg(variant):
+    common = {"local_lr": 0.1, "local_steps": 3, "batch_size": None, "participation_rate": 1.0}
+    fedavg = final_params({"name": "fedavg", **common}, rounds=2)
+    per = final_params({"name": "perfedavg", "variant": variant, "personalization_lr": 0.0, **common}, rounds=2)
+    assert torch.allclose(per, fedavg, atol=1e-7, rtol=0)
+
+
+# ------------------------------------------------------------------ pFedMe
+
+
+def test_pfedme_inner_solver_reaches_the_proximal_point():
+    a, b = spd(4, 5)
+    w = torch.tensor([0.5, -1.0, 2.0, 0.0], dtype=torch.float64)
+    lam = 3.0
+    closed_form = torch.linalg.solve(a + lam * torch.eye(4, dtype=torch.float64), b + lam * w)
+    theta = prox_solve(quadratic, w.clone(), w, (a, b), lr=0.05, steps=2000, lam=lam)
+    assert (theta - closed_form).abs().max() < 1e-6
+
+
+def test_pfedme_server_step_with_beta_one_is_the_plain_average():
+    algo = PFedMe(PFedMeParams(server_mixing=1.0, aggregation="uniform"))
+    w = torch.zeros(3)
+    models = [torch.tensor([1.0, 2.0, 3.0]), torch.tensor([3.0, 0.0, -1.0]), torch.tensor([2.0, 1.0, 4.0])]
+    msgs = [ClientMessage(i, 10 * (i + 1), {"params": m}) for i, m in enumerate(models)]
+    new, _ = algo.server_update(w, msgs, {}, 3)
+    assert torch.allclose(new, sum(models) / 3)
+    mixed, _ = PFedMe(PFedMeParams(server_mixing=2.0, aggregation="uniform")).server_update(w, msgs, {}, 3)
+    assert torch.allclose(mixed, (1 - 2.0) * w + 2.0 * sum(models) / 3)
+
+
+def test_pfedme_trains_every_client_and_aggregates_the_sampled():
+    cfg = cfg_for(
+        {"name": "pfedme", "participation_rate": 0.5, "local_steps": 2, "inner_steps": 2, "coupling": 15, "server_mixing": 1.0},
+        data={"num_clients": 4, "partition": {"name": "iid"}},
+        rounds=2,
+    )
+    hist, server = run_local(cfg)
+    assert hist[-1]["downloads"] == 2 * 4  # broadcast to all 4 clients each round
+    assert hist[-1]["uploads"] == 2 * 2  # S = 2 aggregated
+    assert hist[1]["clients_sampled"] == 2
+
+
+# ------------------------------------------------------------------ SCAFFOLD / PFLScaf
+
+
+COMMON = {"local_lr": 0.1, "local_steps": 4, "batch_size": 8, "participation_rate": 1.0}
+
+
+def test_scaffold_first_round_with_zero_control_variates_is_fedavg():
+    fedavg = final_params({"name": "fedavg", **COMMON}, rounds=1)
+    scaffold = final_params({"name": "scaffold", **COMMON}, rounds=1)
+    assert torch.allclose(scaffold, fedavg, atol=1e-6, rtol=0)
+    later_f = final_params({"name": "fedavg", **COMMON}, rounds=3)
+    later_s = final_params({"name": "scaffold", **COMMON}, rounds=3)
+    assert (later_f - later_s).abs().max() > 1e-4  # the control variates act from round 2 on
+
+
+def test_pflscaf_first_round_with_zero_control_variates_is_fedavg():
+    full = {**COMMON, "batch_size": None}
+    fedavg = final_params({"name": "fedavg", **full}, rounds=1)
+    maml = final_params({"name": "pflscaf", "transform": "maml", "personalization_lr": 0.0, **full}, rounds=1)
+    assert torch.allclose(maml, fedavg, atol=1e-6, rtol=0)
+    pavg = final_params({"name": "pavg", **COMMON}, rounds=1)
+    proto = final_params({"name": "pflscaf", "transform": "proto", **COMMON}, rounds=1)
+    assert torch.allclose(proto, pavg, atol=1e-6, rtol=0)
+
+
+def test_scaffold_control_variate_rule():
+    """c_i⁺ = c_i − c + (x − y)/(Kβ); server c ← c + (1/N) Σ Δc_i; x ← x + η_g Σ p_i Δy_i."""
+    from fedsweep.algorithms.scaffold import Scaffold, ScaffoldParams
+
+    algo = Scaffold(ScaffoldParams(local_lr=0.1, local_steps=2, aggregation="uniform", global_lr=0.5))
+    x = torch.tensor([1.0, -1.0])
+    msgs = [
+        ClientMessage(0, 5, {"delta_params": torch.tensor([0.2, 0.0]), "delta_control": torch.tensor([1.0, 2.0])}),
+        ClientMessage(1, 5, {"delta_params": torch.tensor([0.0, 0.4]), "delta_control": torch.tensor([3.0, -2.0])}),
+    ]
+    new_x, state = algo.server_update(x, msgs, {"control": torch.tensor([0.5, 0.5])}, num_clients=4)
+    assert torch.allclose(new_x, x + 0.5 * torch.tensor([0.1, 0.2]))
+    assert torch.allclose(state["control"], torch.tensor([0.5, 0.5]) + torch.tensor([4.0, 0.0]) / 4)
+
+
+def test_pflscaf_costs_two_transmissions_per_client():
+    hist, _ = run_local(cfg_for({"name": "pflscaf", **COMMON}, rounds=2))
+    assert hist[-1]["transmissions"] == 2 * 2 * 3 * 2  # 2 rounds × 3 clients × (down + up) × 2 vectors
+
+
+# ------------------------------------------------------------------ FedDyn / PFLDyn
+
+
+@pytest.mark.parametrize("cls,params", [(FedDyn, FedDynParams), (PFLDyn, PFLDynParams)])
+def test_dynamic_regularizer_server_recursion_two_clients(cls, params):
+    algo = cls(params(regularization=0.5))
+    w_t = torch.tensor([1.0, 2.0])
+    msgs = [ClientMessage(0, 1, {"params": torch.tensor([2.0, 2.0])}), ClientMessage(1, 1, {"params": torch.tensor([0.0, 4.0])})]
+    new_w, state = algo.server_update(w_t, msgs, {"h": torch.tensor([0.1, -0.2])}, num_clients=4)
+    # h = h − (λ/m) Σ (w_i − w_t) = [0.1, −0.2] − 0.125·[0, 2];  w = mean w_i − h/λ = [1, 3] − [0.2, −0.9]
+    assert torch.allclose(state["h"], torch.tensor([0.1, -0.45]))
+    assert torch.allclose(new_w, torch.tensor([0.8, 3.9]))
+
+
+def test_feddyn_client_gradient_state_recursion():
+    cfg = cfg_for({"name": "feddyn", "regularization": 0.3, **COMMON}, rounds=1)
+    from fedsweep.data import build_federated_dataset
+    from fedsweep.federation import Client, to_numpy
+
+    ds = build_federated_dataset(cfg.data)
+    client = Client(0, ds.clients[0], cfg, ds.num_features, ds.num_classes)
+    w_t = torch.randn(client.model.numel) * 0.1
+    g_before = torch.randn(client.model.numel) * 0.01
+    client.state = {"grad_state": g_before.clone()}
+    msg = client.train(to_numpy({"params": w_t}), 1)
+    w_new = torch.from_numpy(msg.payload["params"])
+    assert torch.allclose(client.state["grad_state"], g_before - 0.3 * (w_new - w_t), atol=1e-6)
+
+
+# ------------------------------------------------------------------ FedProx, Ditto
+
+
+def test_fedprox_with_mu_zero_is_fedavg():
+    fedavg = final_params({"name": "fedavg", **COMMON}, rounds=3)
+    prox0 = final_params({"name": "fedprox", "mu": 0.0, **COMMON}, rounds=3)
+    assert torch.equal(prox0, fedavg)
+    prox = final_params({"name": "fedprox", "mu": 1.0, **COMMON}, rounds=3)
+    assert (prox - fedavg).abs().max() > 1e-4
+
+
+def run_clients(cfg, rounds: int):
+    """The round loop in process, keeping the clients (and their states) at hand."""
+    from fedsweep.data import build_federated_dataset
+    from fedsweep.federation import Client, LocalPool, Server
+
+    ds = build_federated_dataset(cfg.data)
+    server = Server(cfg, ds.num_features, ds.num_classes)
+    w0 = server.params.clone()
+    clients = [Client(i, d, cfg, ds.num_features, ds.num_classes) for i, d in enumerate(ds.clients)]
+    for rnd in range(1, rounds + 1):
+        server.train_round(LocalPool(clients), rnd)
+    return server, clients, w0
+
+
+def test_ditto_with_lambda_zero_personal_models_are_local_training():
+    from fedsweep.algorithms.base import sgd
+
+    ditto = {"name": "ditto", "personalization_lr": 0.2, **{**COMMON, "batch_size": None}}
+    _, clients, w0 = run_clients(cfg_for({**ditto, "coupling": 0.0}), 3)
+    for c in clients:
+        ctx = ClientContext(c.model, c.data, torch.Generator().manual_seed(0))
+        local, _ = sgd(ctx, w0, 0.2, 3 * 4, None)  # 3 rounds × τ = 4 full-batch steps, from the first w^t
+        assert torch.allclose(c.state["personal"], local, atol=1e-5)
+    # λ > 0 pulls each personal model towards the global model
+    server, pulled, _ = run_clients(cfg_for({**ditto, "coupling": 5.0}), 3)
+    for free, tied in zip(clients, pulled):
+        assert (tied.state["personal"] - server.params).norm() < (free.state["personal"] - server.params).norm()
+
+
+# ------------------------------------------------------------------ Proto, registry
+
+
+def test_proto_scores_pick_the_nearest_class_centroid():
+    model = FlatModel(build_model(MLRConfig(), 2, 3))  # representation = the input itself
+    support = (torch.tensor([[0.0, 0.0], [0.0, 2.0], [10.0, 0.0], [12.0, 0.0]]), torch.tensor([0, 0, 2, 2]))
+    ctx = ClientContext(model, ClientData(*support, *support), torch.Generator())
+    w = model.initial_vector(0)
+    x = torch.tensor([[1.0, 1.0], [9.0, 1.0]])
+    scores = proto_scores(ctx, w, support, x)
+    assert scores.argmax(1).tolist() == [0, 2]
+    assert torch.isinf(scores[:, 1]).all()  # class 1 has no support samples
+    assert torch.allclose(scores[0, 0], torch.tensor(-(1.0**2 + 0.0**2)))  # centroid (0, 1)
+
+
+def test_every_algorithm_declares_its_hyperparameters():
+    for name, cls in ALGORITHMS.items():
+        fields = cls.Params.model_fields
+        assert fields["name"].default == name
+        assert "local_steps" in fields and "participation_rate" in fields
+    with pytest.raises(Exception, match="unknown key 'mu'"):
+        cfg_for({"name": "fedavg", "mu": 0.1})
+    with pytest.raises(Exception, match="unknown key 'personalization_lr'"):
+        cfg_for({"name": "pavg", "personalization_lr": 0.1})
