@@ -253,3 +253,51 @@ def test_every_algorithm_declares_its_hyperparameters():
         cfg_for({"name": "fedavg", "mu": 0.1})
     with pytest.raises(Exception, match="unknown key 'personalization_lr'"):
         cfg_for({"name": "pavg", "personalization_lr": 0.1})
+
+
+# ------------------------------------------------------------------ all of them on Synthetic(0.5, 0.5)
+
+SYNTHETIC = {
+    "data": {"dataset": "synthetic", "num_clients": 20, "alpha": 0.5, "beta": 0.5, "max_samples_per_client": 300, "seed": 0},
+    "model": {"name": "mlp", "hidden": [20]},
+    "rounds": 30,
+    "eval_every": 30,
+    "seed": 0,
+}
+SHARED = {"participation_rate": 0.5, "local_steps": 10, "batch_size": 20, "local_lr": 0.05}
+SETTINGS = {
+    "fedavg": {"name": "fedavg"},
+    "perfedavg": {"name": "perfedavg", "variant": "hf", "personalization_lr": 0.05},
+    "pfedme": {"name": "pfedme", "personalization_lr": 0.05, "coupling": 15, "server_mixing": 1.0, "inner_steps": 5},
+    "pfldyn": {"name": "pfldyn", "regularization": 0.01, "transform": "maml", "personalization_lr": 0.05},
+    "pfldyn_proto": {"name": "pfldyn", "regularization": 0.01, "transform": "proto"},
+    "pflscaf": {"name": "pflscaf", "transform": "maml", "personalization_lr": 0.05},
+    "pflscaf_proto": {"name": "pflscaf", "transform": "proto"},
+    "pavg": {"name": "pavg"},
+    "fedprox": {"name": "fedprox", "mu": 0.01},
+    "scaffold": {"name": "scaffold"},
+    "feddyn": {"name": "feddyn", "regularization": 0.01},
+    "ditto": {"name": "ditto", "personalization_lr": 0.05, "coupling": 0.1},
+}
+
+
+@pytest.fixture(scope="module")
+def synthetic_results():
+    out = {}
+    for key, algorithm in SETTINGS.items():
+        hist, _ = run_local(validate({**SYNTHETIC, "algorithm": {**SHARED, **algorithm}}))
+        out[key] = (hist[0]["personalized_accuracy_mean"], hist[-1]["personalized_accuracy_mean"])
+    return out
+
+
+def test_every_algorithm_improves_on_its_round_zero_accuracy(synthetic_results):
+    # Proto starts high (nearest centroid on random features is already ~0.77 here), so no margin is imposed.
+    for key, (start, end) in synthetic_results.items():
+        assert end > start, (key, start, end)
+
+
+@pytest.mark.parametrize("key", ["perfedavg", "pfedme", "pfldyn", "ditto"])
+def test_personalized_algorithms_beat_fedavgs_global_model(synthetic_results, key):
+    # FedAvg with α = 0 scores its global model: its "personalized" mean is the global model's mean over clients.
+    fedavg_global = synthetic_results["fedavg"][1]
+    assert synthetic_results[key][1] > fedavg_global + 0.02, (key, synthetic_results[key][1], fedavg_global)

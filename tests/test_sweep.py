@@ -115,3 +115,27 @@ def test_ci95_values():
     assert math.isnan(ci95(pd.Series([0.5]).to_numpy()))
     # n = 3, s = 0.1: t_{0.975,2} = 4.3027 -> 4.3027 × 0.1 / sqrt(3)
     assert ci95(pd.Series([0.4, 0.5, 0.6]).to_numpy()) == pytest.approx(4.302652729911275 * 0.1 / 3**0.5)
+
+
+def test_every_algorithm_runs_as_a_tune_trial_and_gets_a_table_row(ray_session, tmp_path_factory):
+    from fedsweep.algorithms import ALGORITHMS
+
+    tmp = tmp_path_factory.mktemp("all")
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    points = [{"name": name} for name in ALGORITHMS]
+    points += [{"name": "pfldyn", "transform": "proto"}, {"name": "pflscaf", "transform": "proto"}]
+    body = config_dict(rounds=2, eval_every=2, tracking={"experiment": "all", "tracking_uri": uri})
+    body["algorithm"] = {"grid": [{**p, "local_steps": 2, "participation_rate": 0.6} for p in points]}
+    body["sweep"] = {"name": "all", "max_concurrent_trials": 2, "storage_path": str(tmp / "ray_results")}
+    path = tmp / "all.yaml"
+    path.write_text(yaml.safe_dump(body))
+    out = run_sweep(load_sweep(path), verbose=0)
+    assert out["errors"] == 0
+    runs, _ = load_runs(uri, "all", out["parent_run_id"])
+    assert len(runs) == len(points)
+    table = best_settings(runs, "personalized_accuracy_mean")
+    assert sorted(table["algorithm"]) == sorted(ALGORITHMS)
+    pflscaf = runs[runs["algorithm"] == "pflscaf"]
+    assert (pflscaf["transmissions"] == 2 * 2 * 2 * 2).all()  # 2 rounds × 2 sampled × (down + up) × 2 vectors
+    pfedme = runs[runs["algorithm"] == "pfedme"]
+    assert (pfedme["downloads"] == 2 * 3).all() and (pfedme["uploads"] == 2 * 2).all()
