@@ -253,6 +253,10 @@ def test_every_algorithm_declares_its_hyperparameters():
         cfg_for({"name": "fedavg", "mu": 0.1})
     with pytest.raises(Exception, match="unknown key 'personalization_lr'"):
         cfg_for({"name": "pavg", "personalization_lr": 0.1})
+    with pytest.raises(Exception, match="unknown key 'aggregation'"):
+        cfg_for({"name": "feddyn", "aggregation": "uniform"})  # the paper's server takes the plain mean
+    with pytest.raises(Exception, match="unknown key 'lambda'"):
+        cfg_for({"name": "scaffold", "lambda": 0.1})
 
 
 # ------------------------------------------------------------------ all of them on Synthetic(0.5, 0.5)

@@ -59,10 +59,6 @@ class HyperParameters(StrictModel):
     batch_size: int | None = Field(
         20, ge=1, description="Minibatch size of a local step; null = the client's whole training set."
     )
-    aggregation: Literal["weighted", "uniform"] = Field(
-        "weighted",
-        description="Server average of client models: 'weighted' by training-sample count, or 'uniform'.",
-    )
 
     def model_problem(self, model_name: str) -> str | None:
         """Why this algorithm cannot train a model of this kind, if it cannot."""
@@ -75,6 +71,15 @@ class HyperParameters(StrictModel):
         rate = 1.0 if self.participation_rate is None else self.participation_rate
         # round() first so that 0.3 * 10 = 3.0000000000000004 gives 3, not 4.
         return max(1, math.ceil(round(rate * num_clients, 9)))
+
+
+class AggregationMixin(HyperParameters):
+    """For algorithms whose server averages client models (FedDyn's plain mean has no such choice)."""
+
+    aggregation: Literal["weighted", "uniform"] = Field(
+        "weighted",
+        description="Server average of client models: 'weighted' by training-sample count, or 'uniform'.",
+    )
 
 
 @dataclass

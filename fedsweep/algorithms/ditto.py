@@ -17,12 +17,12 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from fedsweep.algorithms.base import ClientContext, HyperParameters, State, sgd
+from fedsweep.algorithms.base import AggregationMixin, ClientContext, State, sgd
 from fedsweep.algorithms.fedavg import FedAvg
 from fedsweep.schema import aliases
 
 
-class DittoParams(HyperParameters):
+class DittoParams(AggregationMixin):
     name: Literal["ditto"] = "ditto"
     local_lr: float = Field(0.05, gt=0, validation_alias=aliases("local_lr", "beta", "β"), description="β: step of the global model's local training.")
     personalization_lr: float = Field(

@@ -22,10 +22,10 @@ import torch
 from pydantic import Field
 
 from fedsweep.algorithms.base import (
+    AggregationMixin,
     Algorithm,
     ClientContext,
     ClientMessage,
-    HyperParameters,
     State,
     sgd,
     weighted_average,
@@ -33,7 +33,7 @@ from fedsweep.algorithms.base import (
 from fedsweep.schema import aliases
 
 
-class PersonalizationMixin(HyperParameters):
+class PersonalizationMixin(AggregationMixin):
     """α: fine-tuning of the received model on the client's own training data before it is scored."""
 
     personalization_lr: float = Field(

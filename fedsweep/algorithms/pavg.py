@@ -11,12 +11,12 @@ from typing import Literal
 from pydantic import Field
 
 from fedsweep.algorithms import transforms
-from fedsweep.algorithms.base import ClientContext, HyperParameters, State
+from fedsweep.algorithms.base import AggregationMixin, ClientContext, State
 from fedsweep.algorithms.fedavg import FedAvg
 from fedsweep.schema import aliases
 
 
-class PAvgParams(HyperParameters):
+class PAvgParams(AggregationMixin):
     name: Literal["pavg"] = "pavg"
     local_lr: float = Field(0.05, gt=0, validation_alias=aliases("local_lr", "beta", "β"), description="β: local learning rate.")
 

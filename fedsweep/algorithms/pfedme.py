@@ -19,11 +19,11 @@ import torch
 from pydantic import Field
 
 from fedsweep.algorithms.base import (
+    AggregationMixin,
     Algorithm,
     Batch,
     ClientContext,
     ClientMessage,
-    HyperParameters,
     LossFn,
     State,
     grad,
@@ -32,7 +32,7 @@ from fedsweep.algorithms.base import (
 from fedsweep.schema import aliases
 
 
-class PFedMeParams(HyperParameters):
+class PFedMeParams(AggregationMixin):
     name: Literal["pfedme"] = "pfedme"
     personalization_lr: float = Field(
         0.01, gt=0, validation_alias=aliases("personalization_lr", "alpha", "α"), description="α: personal learning rate of the inner solver."

@@ -20,11 +20,11 @@ import torch
 from pydantic import Field
 
 from fedsweep.algorithms import transforms
-from fedsweep.algorithms.base import Algorithm, ClientContext, ClientMessage, HyperParameters, State, weighted_average
+from fedsweep.algorithms.base import AggregationMixin, Algorithm, ClientContext, ClientMessage, State, weighted_average
 from fedsweep.schema import aliases
 
 
-class ScaffoldParams(HyperParameters):
+class ScaffoldParams(AggregationMixin):
     name: Literal["scaffold"] = "scaffold"
     local_lr: float = Field(0.05, gt=0, validation_alias=aliases("local_lr", "beta", "β"), description="β: local learning rate.")
     global_lr: float = Field(1.0, gt=0, description="η_g: server step size on the averaged update.")
