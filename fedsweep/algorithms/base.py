@@ -153,16 +153,20 @@ def sgd(
     steps: int,
     batch_size: int | None,
     correction: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    gradient: Callable[[torch.Tensor], tuple[torch.Tensor, float]] | None = None,
 ) -> tuple[torch.Tensor, float]:
     """``steps`` SGD steps w ← w − lr (∇f_i(w; D) + c(w)) on fresh batches; returns (w, mean loss of f_i).
 
     ``correction`` c(w) is the gradient of whatever an algorithm adds to the local objective
-    (a proximal term, control variates, a dynamic regularizer).
+    (a proximal term, control variates, a dynamic regularizer). ``gradient`` replaces the data term
+    ∇f_i(w; D) (the PFL transforms use ∇f_i(T(w; D); D′)).
     """
+    if gradient is None:
+        gradient = lambda v: grad(ctx.loss, v, ctx.batch(batch_size))  # noqa: E731
     w = params.detach().clone()
     total = 0.0
     for _ in range(steps):
-        g, value = grad(ctx.loss, w, ctx.batch(batch_size))
+        g, value = gradient(w)
         if correction is not None:
             g = g + correction(w)
         w -= lr * g

@@ -35,13 +35,9 @@ class FedDynParams(HyperParameters):
     )
 
 
-class FedDyn(Algorithm):
+class FedDyn(transforms.TransformHooks, Algorithm):
     name = "feddyn"
     Params = FedDynParams
-    transform: transforms.Transform = "identity"
-
-    def transform_lr(self) -> float:
-        return 0.0
 
     def init_client_state(self, global_params: torch.Tensor) -> State:
         return {"grad_state": torch.zeros_like(global_params)}
@@ -51,13 +47,11 @@ class FedDyn(Algorithm):
 
     def client_update(self, ctx: ClientContext, payload: State, state: State) -> tuple[State, State, dict[str, float]]:
         anchor, g_i = payload["params"], state["grad_state"]
-        lam, lr = self.hp.regularization, self.hp.local_lr
-        w, total = anchor.clone(), 0.0
-        for _ in range(self.hp.local_steps):
-            g, loss = transforms.transformed_gradient(ctx, self.transform, w, self.transform_lr(), self.hp.batch_size)
-            w = w - lr * (g - g_i + lam * (w - anchor))
-            total += loss
-        return {"params": w}, {"grad_state": g_i - lam * (w - anchor)}, {"local_train_loss": total / self.hp.local_steps}
+        lam = self.hp.regularization
+        w, loss = self.local_sgd(
+            ctx, anchor, self.hp.local_lr, self.hp.local_steps, self.hp.batch_size, lambda w: -g_i + lam * (w - anchor)
+        )
+        return {"params": w}, {"grad_state": g_i - lam * (w - anchor)}, {"local_train_loss": loss}
 
     def server_update(
         self, global_params: torch.Tensor, messages: list[ClientMessage], server_state: State, num_clients: int
@@ -66,9 +60,3 @@ class FedDyn(Algorithm):
         models = [m.payload["params"] for m in messages]
         h = server_state["h"] - (lam / num_clients) * sum(w - global_params for w in models)
         return sum(models) / len(models) - h / lam, {"h": h}
-
-    def personalize(self, ctx: ClientContext, payload: State, state: State) -> torch.Tensor:
-        return transforms.personalized(ctx, self.transform, payload["params"], self.transform_lr())
-
-    def predictor(self, ctx: ClientContext, personalized: torch.Tensor):
-        return transforms.predictor(ctx, self.transform, personalized)

@@ -26,20 +26,11 @@ class PAvgParams(AggregationMixin):
         return None
 
 
-class PAvg(FedAvg):
+class PAvg(transforms.TransformHooks, FedAvg):
     name = "pavg"
     Params = PAvgParams
+    transform = "proto"
 
     def client_update(self, ctx: ClientContext, payload: State, state: State) -> tuple[State, State, dict[str, float]]:
-        w, total = payload["params"].clone(), 0.0
-        for _ in range(self.hp.local_steps):
-            g, loss = transforms.transformed_gradient(ctx, "proto", w, 0.0, self.hp.batch_size)
-            w = w - self.hp.local_lr * g
-            total += loss
-        return {"params": w}, state, {"local_train_loss": total / self.hp.local_steps}
-
-    def personalize(self, ctx: ClientContext, payload: State, state: State):
-        return payload["params"]
-
-    def predictor(self, ctx: ClientContext, personalized):
-        return transforms.predictor(ctx, "proto", personalized)
+        w, loss = self.local_sgd(ctx, payload["params"], self.hp.local_lr, self.hp.local_steps, self.hp.batch_size)
+        return {"params": w}, state, {"local_train_loss": loss}

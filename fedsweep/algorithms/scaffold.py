@@ -30,14 +30,10 @@ class ScaffoldParams(AggregationMixin):
     global_lr: float = Field(1.0, gt=0, description="η_g: server step size on the averaged update.")
 
 
-class Scaffold(Algorithm):
+class Scaffold(transforms.TransformHooks, Algorithm):
     name = "scaffold"
     Params = ScaffoldParams
     transmissions_per_message = 2
-    transform: transforms.Transform = "identity"
-
-    def transform_lr(self) -> float:
-        return 0.0
 
     def init_client_state(self, global_params: torch.Tensor) -> State:
         return {"control": torch.zeros_like(global_params)}
@@ -51,13 +47,9 @@ class Scaffold(Algorithm):
     def client_update(self, ctx: ClientContext, payload: State, state: State) -> tuple[State, State, dict[str, float]]:
         x, c, c_i = payload["params"], payload["control"], state["control"]
         lr, steps = self.hp.local_lr, self.hp.local_steps
-        y, total = x.clone(), 0.0
-        for _ in range(steps):
-            g, loss = transforms.transformed_gradient(ctx, self.transform, y, self.transform_lr(), self.hp.batch_size)
-            y = y - lr * (g - c_i + c)
-            total += loss
+        y, loss = self.local_sgd(ctx, x, lr, steps, self.hp.batch_size, lambda _: c - c_i)
         c_new = c_i - c + (x - y) / (steps * lr)
-        return {"delta_params": y - x, "delta_control": c_new - c_i}, {"control": c_new}, {"local_train_loss": total / steps}
+        return {"delta_params": y - x, "delta_control": c_new - c_i}, {"control": c_new}, {"local_train_loss": loss}
 
     def server_update(
         self, global_params: torch.Tensor, messages: list[ClientMessage], server_state: State, num_clients: int
@@ -65,9 +57,3 @@ class Scaffold(Algorithm):
         dx = weighted_average([m.payload["delta_params"] for m in messages], self.aggregation_weights(messages))
         dc = sum(m.payload["delta_control"] for m in messages) / num_clients
         return global_params + self.hp.global_lr * dx, {"control": server_state["control"] + dc}
-
-    def personalize(self, ctx: ClientContext, payload: State, state: State) -> torch.Tensor:
-        return transforms.personalized(ctx, self.transform, payload["params"], self.transform_lr())
-
-    def predictor(self, ctx: ClientContext, personalized: torch.Tensor):
-        return transforms.predictor(ctx, self.transform, personalized)

@@ -21,7 +21,7 @@ from typing import Literal
 
 import torch
 
-from fedsweep.algorithms.base import Batch, ClientContext, grad
+from fedsweep.algorithms.base import Batch, ClientContext, State, grad, sgd
 
 Transform = Literal["identity", "maml", "proto"]
 
@@ -73,3 +73,29 @@ def predictor(ctx: ClientContext, transform: Transform, w: torch.Tensor) -> Call
     if transform == "proto":
         return lambda x: proto_scores(ctx, w, ctx.train_data(), x)
     return lambda x: ctx.model(w, x)
+
+
+class TransformHooks:
+    """Mixin for an :class:`~fedsweep.algorithms.base.Algorithm` that trains and personalizes through T_i.
+
+    Identity here (FedDyn, SCAFFOLD); PFLDyn and PFLScaf read the transform and its η from their
+    hyperparameters instead.
+    """
+
+    transform: Transform = "identity"
+
+    def transform_lr(self) -> float:
+        return 0.0
+
+    def local_sgd(
+        self, ctx: ClientContext, w0: torch.Tensor, lr: float, steps: int, batch_size: int | None, correction: Callable | None = None
+    ) -> tuple[torch.Tensor, float]:
+        """τ steps w ← w − lr (∇f_i(T(w; D); D′) + c(w))."""
+        step = lambda w: transformed_gradient(ctx, self.transform, w, self.transform_lr(), batch_size)  # noqa: E731
+        return sgd(ctx, w0, lr, steps, batch_size, correction, gradient=step)
+
+    def personalize(self, ctx: ClientContext, payload: State, state: State) -> torch.Tensor:
+        return personalized(ctx, self.transform, payload["params"], self.transform_lr())
+
+    def predictor(self, ctx: ClientContext, personalized_params: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        return predictor(ctx, self.transform, personalized_params)
