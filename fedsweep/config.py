@@ -320,10 +320,31 @@ def _model_at(loc: tuple, raw: dict) -> type[BaseModel] | None:
     return model
 
 
+def _without_union_tags(loc: tuple) -> tuple:
+    """Pydantic puts the selected member's tag after a discriminated-union field in an error's location
+    (``algorithm.fedavg.local_lr``); drop exactly those, so the path is the one written in the file."""
+    out: list = []
+    model: type[BaseModel] | None = ExperimentConfig
+    i = 0
+    while i < len(loc):
+        part = loc[i]
+        out.append(part)
+        field = model.model_fields.get(part) if model is not None and isinstance(part, str) else None
+        candidates = _submodels(field.annotation) if field is not None else []
+        model = candidates[0] if len(candidates) == 1 else None
+        if len(candidates) > 1 and i + 1 < len(loc):
+            tagged = [m for m in candidates if _tag(m) == loc[i + 1]]
+            if tagged:
+                model = tagged[0]
+                i += 1  # skip the tag
+        i += 1
+    return tuple(out)
+
+
 def _format_errors(err: ValidationError, raw: dict, file: str, lines: dict[tuple, int]) -> list[str]:
     problems = []
     for e in err.errors():
-        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and (p in _UNION_TAGS)))
+        loc = _without_union_tags(e["loc"])
         field = ".".join(map(str, loc)) or "<config>"
         line = lines.get(tuple(loc)) or lines.get(tuple(loc[:-1]))
         where = f"{file}:{line}" if line else file
@@ -353,8 +374,6 @@ def _format_errors(err: ValidationError, raw: dict, file: str, lines: dict[tuple
     return problems
 
 
-# Pydantic puts the selected member's tag into an error's location; these are dropped from field paths.
-_UNION_TAGS: set[str] = set(ALGORITHMS) | {"synthetic", "digits", "mlr", "mlp", "iid", "label_skew"}
 
 
 def validate(raw: dict, file: str = "<config>", lines: dict[tuple, int] | None = None) -> ExperimentConfig:

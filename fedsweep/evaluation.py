@@ -21,7 +21,7 @@ class ClientEval:
     global_correct: int
     global_loss_sum: float
     train_loss_sum: float
-    times_sampled: int = 0
+    times_trained: int = 0
 
     @property
     def personalized_accuracy(self) -> float:

@@ -50,7 +50,7 @@ class Client:
         self.model = FlatModel(build_model(cfg.model, num_features, num_classes)).to(self.device)
         self.algorithm = build_algorithm(cfg.algorithm)
         self.state: State | None = None
-        self.times_sampled = 0
+        self.times_trained = 0
 
     def _context(self, rnd: int, stream: int) -> ClientContext:
         gen = torch.Generator().manual_seed(stream_seed(self.cfg.seed, self.client_id, rnd, stream))
@@ -62,7 +62,7 @@ class Client:
     def train(self, payload: Payload, rnd: int) -> ClientMessage:
         p = to_tensors(payload, self.device)
         message, self.state, stats = self.algorithm.client_update(self._context(rnd, _TRAIN), p, self._state(p["params"]))
-        self.times_sampled += 1
+        self.times_trained += 1
         return ClientMessage(self.client_id, self.data.num_train, to_numpy(message), stats)
 
     def evaluate(self, payload: Payload, rnd: int) -> ClientEval:
@@ -74,7 +74,7 @@ class Client:
         global_model = lambda x: self.model(p["params"], x)  # noqa: E731
         gc, gl = score(global_model, d.x_test, d.y_test)
         _, tl = score(global_model, d.x_train, d.y_train)
-        return ClientEval(self.client_id, d.num_train, d.num_test, pc, pl, gc, gl, tl, self.times_sampled)
+        return ClientEval(self.client_id, d.num_train, d.num_test, pc, pl, gc, gl, tl, self.times_trained)
 
     def get_state(self) -> Payload | None:
         return None if self.state is None else to_numpy(self.state)

@@ -63,7 +63,7 @@ def test_actor_path_matches_in_process_and_repeats_exactly(ray_session):
     assert sum(r["personalized_correct"] for r in table) / sum(r["num_test"] for r in table) == pytest.approx(
         first[-1]["personalized_accuracy_weighted"]
     )
-    assert sum(r["times_sampled"] for r in table) == 4 * 2  # ceil(0.6 × 3) = 2 per round
+    assert sum(r["times_trained"] for r in table) == 4 * 2  # ceil(0.6 × 3) = 2 per round
 
 
 def test_placement_group_is_released(ray_session):

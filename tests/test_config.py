@@ -56,6 +56,16 @@ def test_unknown_algorithm_key_lists_the_algorithms_parameters():
     assert "local_lr" in msg and "participation_rate" in msg and "beta" in msg
 
 
+def test_unknown_key_named_like_an_algorithm():
+    msg = problems_of(config_dict(algorithm={"fedavg": 1}))
+    assert "algorithm.fedavg: unknown key 'fedavg'" in msg
+
+
+def test_nested_union_paths_are_the_written_ones():
+    msg = problems_of(config_dict(data={"partition": {"name": "label_skew", "classes_per_client": 0}}))
+    assert "data.partition.classes_per_client: Input should be greater than or equal to 1 (got 0)" in msg
+
+
 def test_wrong_type():
     msg = problems_of(config_dict(rounds="ten"))
     assert "rounds: Input should be a valid integer" in msg and "'ten'" in msg
