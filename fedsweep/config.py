@@ -148,6 +148,10 @@ class SweepSettings(StrictModel):
     storage_path: str = Field("ray_results", description="Where Tune keeps trial results (absolute, relative or URI).")
 
 
+#: Fields the sweep driver reads once for all trials (where to log, which cluster to join).
+SWEEP_WIDE = ("tracking", "resources.ray_address", "resources.cluster_cpus", "resources.cluster_gpus")
+
+
 @dataclass(frozen=True)
 class Trial:
     """One point of a sweep: its validated config and the grid values that picked it."""
@@ -476,6 +480,12 @@ def load_sweep(path: str | Path, check_cluster: bool = True) -> Sweep:
         problems += [p.replace(f"{file}: ", f"{file}: sweep.", 1) for p in _format_errors(err, raw.get("sweep") or {}, file, {})]
         settings = None
     body = {k: v for k, v in raw.items() if k != "sweep"}
+    for path, _ in flatten_grids(body):
+        if any(path == f or path.startswith(f + ".") for f in SWEEP_WIDE):
+            problems.append(
+                f"{file}:{lines.get(tuple(path.split('.')), '?')}: {path}: one value serves the whole sweep and cannot be "
+                f"a grid (sweep-wide fields: {', '.join(SWEEP_WIDE)})"
+            )
     expanded = _expand(body, (), problems)
     if problems:
         raise ConfigError(problems)

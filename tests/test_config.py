@@ -303,3 +303,10 @@ def test_sweep_resources_checked_for_every_trial(tmp_path):
     body = config_dict(data={"num_clients": {"grid": [3, 40]}}, resources={"client_cpus": 0.1})
     with pytest.raises(ConfigError, match=r"0.2 \+ 40 × 0.1 = 4.2 CPUs"):
         load_sweep(sweep_file(tmp_path, body))
+
+
+@pytest.mark.parametrize("section,field", [("tracking", "experiment"), ("resources", "ray_address")])
+def test_sweep_wide_fields_cannot_be_gridded(tmp_path, section, field):
+    body = config_dict(**{section: {field: {"grid": ["a", "b"]}}})
+    with pytest.raises(ConfigError, match=rf"{section}.{field}: one value serves the whole sweep and cannot be a grid"):
+        load_sweep(sweep_file(tmp_path, body), check_cluster=False)
