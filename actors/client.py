@@ -1,4 +1,5 @@
-"""ClientActor: one Ray actor per client, holding its shard, its state across rounds and its device."""
+"""ClientActor: a Ray actor hosting one client (or ``clients_per_actor`` packed clients), each with its shard,
+its state across rounds and its model, on the actor's device."""
 
 from __future__ import annotations
 
@@ -15,29 +16,32 @@ from fedsweep.federation import Client, Payload
 
 @ray.remote(num_cpus=0)
 class ClientActor:
-    """Wraps :class:`fedsweep.federation.Client`; resources are set by ``.options()`` from the trial's bundle."""
+    """Wraps :class:`fedsweep.federation.Client` objects; resources are set by ``.options()`` from the trial's bundle.
 
-    def __init__(self, client_id: int, data: ClientData, cfg: ExperimentConfig, num_features: int, num_classes: int):
+    Packed clients train one after the other inside the actor; parallelism comes from the actors.
+    """
+
+    def __init__(self, shards: dict[int, ClientData], cfg: ExperimentConfig, num_features: int, num_classes: int):
         # One intra-op thread: an actor holds a fraction of a CPU, and many share the node.
         torch.set_num_threads(1)
         use_gpu = cfg.resources.client_gpus > 0 and torch.cuda.is_available()
-        self.client = Client(client_id, data, cfg, num_features, num_classes, "cuda" if use_gpu else "cpu")
+        device = "cuda" if use_gpu else "cpu"
+        self.clients = {i: Client(i, d, cfg, num_features, num_classes, device) for i, d in shards.items()}
 
-    def train(self, payload: Payload, rnd: int) -> ClientMessage:
-        return self.client.train(payload, rnd)
+    def train(self, payload: Payload, rnd: int, client_ids: list[int]) -> list[ClientMessage]:
+        return [self.clients[i].train(payload, rnd) for i in client_ids]
 
-    def evaluate(self, payload: Payload, rnd: int) -> ClientEval:
-        return self.client.evaluate(payload, rnd)
+    def evaluate(self, payload: Payload, rnd: int) -> list[ClientEval]:
+        return [c.evaluate(payload, rnd) for c in self.clients.values()]
 
-    def get_state(self) -> Payload | None:
-        return self.client.get_state()
+    def get_states(self, client_ids: list[int]) -> list[Payload | None]:
+        return [self.clients[i].get_state() for i in client_ids]
 
-    def info(self) -> dict:
-        """Where this client runs: pid, torch device, the GPUs Ray assigned and CUDA_VISIBLE_DEVICES."""
-        return {
-            "client_id": self.client.client_id,
+    def info(self) -> list[dict]:
+        """Where each hosted client runs: pid, torch device, the GPUs Ray assigned and CUDA_VISIBLE_DEVICES."""
+        common = {
             "pid": os.getpid(),
-            "device": str(self.client.device),
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         }
+        return [{"client_id": i, "device": str(c.device), **common} for i, c in self.clients.items()]

@@ -54,6 +54,12 @@ class ResourcesConfig(StrictModel):
     server_cpus: float = Field(0.25, gt=0, description="CPUs of the server bundle (trial driver and ServerActor).")
     client_cpus: float = Field(0.1, ge=0, description="CPUs of each ClientActor.")
     client_gpus: float = Field(0.0, ge=0, le=1, description="GPU fraction of each ClientActor (0 = CPU only).")
+    clients_per_actor: int = Field(
+        1,
+        ge=1,
+        description="Clients hosted by one ClientActor (their shards, states and models share the process); "
+        "1 = one actor per client. Packing trades parallelism for memory and start-up time.",
+    )
     cluster_cpus: float | None = Field(
         None, gt=0, description="CPUs of the local Ray instance to start; null = all cores of this machine."
     )
@@ -74,12 +80,21 @@ class ResourcesConfig(StrictModel):
     def address(self) -> str | None:
         return self.ray_address or os.environ.get("RAY_ADDRESS") or None
 
+    def num_client_actors(self, num_clients: int) -> int:
+        """⌈n / clients_per_actor⌉ ClientActors host the n clients."""
+        return -(-num_clients // self.clients_per_actor)
+
+    def clients_of_actor(self, actor: int, num_clients: int) -> list[int]:
+        """Client ids hosted by ClientActor ``actor``: a contiguous block of ``clients_per_actor``."""
+        k = self.clients_per_actor
+        return list(range(actor * k, min((actor + 1) * k, num_clients)))
+
     def bundles(self, num_clients: int) -> list[dict[str, float]]:
-        """Placement-group bundles of one trial: [server] + [client] × n."""
+        """Placement-group bundles of one trial: [server] + [client actor] × ⌈n / clients_per_actor⌉."""
         client = {"CPU": self.client_cpus}
         if self.client_gpus:
             client["GPU"] = self.client_gpus
-        return [{"CPU": self.server_cpus}] + [dict(client) for _ in range(num_clients)]
+        return [{"CPU": self.server_cpus}] + [dict(client) for _ in range(self.num_client_actors(num_clients))]
 
 
 class TrackingConfig(StrictModel):
@@ -393,25 +408,33 @@ def check_fits(cfg: ExperimentConfig, cluster_cpus: float, cluster_gpus: float, 
     bundles = cfg.resources.bundles(cfg.num_clients)
     need_cpus = sum(b.get("CPU", 0) for b in bundles)
     need_gpus = sum(b.get("GPU", 0) for b in bundles)
-    n = cfg.num_clients
     r = cfg.resources
+    a = len(bundles) - 1
+    actors = f"{a} client actors" if r.clients_per_actor == 1 else f"{a} client actors (of {r.clients_per_actor} clients)"
     if need_cpus > cluster_cpus + 1e-9:
         problems.append(
-            f"{where}: resources: one trial needs server_cpus + num_clients × client_cpus = "
-            f"{r.server_cpus} + {n} × {r.client_cpus} = {need_cpus:g} CPUs, but the cluster has {cluster_cpus:g}; "
-            f"allowed: client_cpus <= {max(cluster_cpus - r.server_cpus, 0) / n:.4g} (or fewer clients)"
+            f"{where}: resources: one trial needs server_cpus + {actors} × client_cpus = "
+            f"{r.server_cpus} + {a} × {r.client_cpus} = {need_cpus:g} CPUs, but the cluster has {cluster_cpus:g}; "
+            f"allowed: client_cpus <= {max(cluster_cpus - r.server_cpus, 0) / a:.4g} "
+            f"(or fewer clients, or a larger clients_per_actor)"
         )
     if need_gpus > cluster_gpus + 1e-9:
         problems.append(
-            f"{where}: resources.client_gpus: one trial needs {n} × {r.client_gpus} = {need_gpus:g} GPUs, "
-            f"but the cluster has {cluster_gpus:g}; allowed: client_gpus <= {cluster_gpus / n:.4g}"
+            f"{where}: resources.client_gpus: one trial needs {actors} × {r.client_gpus} = {need_gpus:g} GPUs, "
+            f"but the cluster has {cluster_gpus:g}; allowed: client_gpus <= {cluster_gpus / a:.4g}"
         )
     if memory_mb is not None:
-        need_mb = (n + 2) * r.actor_memory_mb
+        need_mb = (a + 2) * r.actor_memory_mb
         if need_mb > memory_mb:
+            fit = int(memory_mb // r.actor_memory_mb) - 2  # client actors that fit beside the driver and server
+            hint = (
+                f"allowed: resources.clients_per_actor >= {math.ceil(cfg.num_clients / fit)}"
+                if fit >= 1
+                else "not even one client actor fits"
+            )
             problems.append(
-                f"{where}: resources.actor_memory_mb: one trial starts {n + 2} processes × {r.actor_memory_mb:g} MB "
-                f"= {need_mb:.0f} MB, more than this machine's {memory_mb:.0f} MB"
+                f"{where}: resources.actor_memory_mb: one trial starts {a + 2} processes × {r.actor_memory_mb:g} MB "
+                f"= {need_mb:.0f} MB, more than this machine's {memory_mb:.0f} MB; {hint}"
             )
     return problems
 

@@ -66,6 +66,21 @@ def test_actor_path_matches_in_process_and_repeats_exactly(ray_session):
     assert sum(r["times_trained"] for r in table) == 4 * 2  # ceil(0.6 × 3) = 2 per round
 
 
+def test_packed_clients_give_the_same_numbers(ray_session):
+    """clients_per_actor = 2: 3 clients in 2 actor processes, numbers identical to the in-process loop."""
+    raw = config_dict(algorithm={"participation_rate": 0.6, "personalization_lr": 0.05}, rounds=4, eval_every=2)
+    raw["resources"]["clients_per_actor"] = 2
+    cfg = validate(raw)
+    packed, params, info, table = run_actors(cfg)
+    local, server = run_local(cfg)
+    assert strip_time(packed) == local
+    assert torch.equal(params, server.params)
+    pids = [i["pid"] for i in info]
+    assert [i["client_id"] for i in info] == [0, 1, 2]
+    assert pids[0] == pids[1] != pids[2]  # clients 0 and 1 share an actor, client 2 has its own
+    assert [r["client_id"] for r in table] == [0, 1, 2]
+
+
 def test_placement_group_is_released(ray_session):
     from ray.util import placement_group_table
 
@@ -84,14 +99,16 @@ def test_divergence_stops_the_run(ray_session):
 
 
 @pytest.mark.parametrize(
-    "algorithm",
+    "algorithm, clients_per_actor",
     [
-        {"name": "scaffold", "local_lr": 0.1},
-        {"name": "pfldyn", "local_lr": 0.1, "regularization": 0.1, "transform": "maml", "personalization_lr": 0.05},
+        ({"name": "scaffold", "local_lr": 0.1}, 1),
+        ({"name": "scaffold", "local_lr": 0.1}, 3),
+        ({"name": "pfldyn", "local_lr": 0.1, "regularization": 0.1, "transform": "maml", "personalization_lr": 0.05}, 1),
     ],
 )
-def test_unsampled_clients_keep_their_state(ray_session, algorithm):
-    """Client state (c_i or g_i) lives in the client actor and changes only in rounds the client is sampled."""
+def test_unsampled_clients_keep_their_state(ray_session, algorithm, clients_per_actor):
+    """Client state (c_i or g_i) lives in the client actor and changes only in rounds the client is sampled,
+    also when the actor hosts several clients and some of them are sampled."""
     import numpy as np
 
     from fedsweep.federation import Server
@@ -100,6 +117,7 @@ def test_unsampled_clients_keep_their_state(ray_session, algorithm):
         config_dict(
             algorithm={"_replace": True, **algorithm, "local_steps": 2, "batch_size": 8, "participation_rate": 0.5},
             data={"num_clients": 4, "partition": {"name": "iid"}},
+            resources={"clients_per_actor": clients_per_actor},
             rounds=4,
             eval_every=4,
         )

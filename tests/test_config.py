@@ -153,15 +153,33 @@ def test_resources_that_cannot_fit_the_cluster():
     with pytest.raises(ConfigError) as e:
         check_resources([cfg], "cfg.yaml", capacity=(2.0, 0.0, 24000.0))
     msg = str(e.value)
-    assert "resources: one trial needs server_cpus + num_clients × client_cpus = 0.25 + 50 × 0.05 = 2.75 CPUs" in msg
-    assert "the cluster has 2; allowed: client_cpus <= 0.035" in msg
+    assert "resources: one trial needs server_cpus + 50 client actors × client_cpus = 0.25 + 50 × 0.05 = 2.75 CPUs" in msg
+    assert "the cluster has 2; allowed: client_cpus <= 0.035 (or fewer clients, or a larger clients_per_actor)" in msg
+
+
+def test_client_packing_shrinks_the_placement_group():
+    # The same 50 clients packed 10 per actor: 5 client bundles of 0.05 CPU fit 2 CPUs.
+    raw = config_dict(
+        data={"dataset": "synthetic", "num_clients": 50, "_replace": True},
+        resources={"client_cpus": 0.05, "server_cpus": 0.25, "clients_per_actor": 10},
+    )
+    cfg = validate(raw)
+    assert cfg.resources.bundles(50) == [{"CPU": 0.25}] + [{"CPU": 0.05}] * 5
+    assert cfg.resources.clients_of_actor(4, 50) == list(range(40, 50))
+    check_resources([cfg], "cfg.yaml", capacity=(2.0, 0.0, 24000.0))
+    # 7 clients, 3 per actor: blocks [0-2], [3-5], [6].
+    cfg = validate(config_dict(resources={"clients_per_actor": 3}, data={"num_clients": 7}))
+    assert [cfg.resources.clients_of_actor(a, 7) for a in range(cfg.resources.num_client_actors(7))] == [
+        [0, 1, 2], [3, 4, 5], [6]
+    ]
+    assert "resources.clients_per_actor" in problems_of(config_dict(resources={"clients_per_actor": 0}))
 
 
 def test_gpus_that_cannot_fit():
     cfg = validate(config_dict(resources={"client_gpus": 0.5}))
     with pytest.raises(ConfigError) as e:
         check_resources([cfg], "cfg.yaml", capacity=(2.0, 1.0, 24000.0))
-    assert "resources.client_gpus: one trial needs 3 × 0.5 = 1.5 GPUs, but the cluster has 1" in str(e.value)
+    assert "resources.client_gpus: one trial needs 3 client actors × 0.5 = 1.5 GPUs, but the cluster has 1" in str(e.value)
 
 
 def test_gpu_fraction_above_one():
@@ -178,6 +196,13 @@ def test_memory_that_cannot_fit():
     with pytest.raises(ConfigError) as e:
         check_resources([cfg], "cfg.yaml", capacity=(2.0, 0.0, 24000.0))
     assert "resources.actor_memory_mb: one trial starts 5 processes × 10000 MB = 50000 MB" in str(e.value)
+    assert "not even one client actor fits" in str(e.value)
+    # 100 clients one per actor need 102 × 300 MB > 24000 MB; packing is the way out, and the message says how much.
+    cfg = validate(config_dict(data={"dataset": "synthetic", "num_clients": 100, "_replace": True}))
+    with pytest.raises(ConfigError) as e:
+        check_resources([cfg], "cfg.yaml", capacity=(200.0, 0.0, 24000.0))
+    assert "102 processes × 300 MB = 30600 MB, more than this machine's 24000 MB" in str(e.value)
+    assert "allowed: resources.clients_per_actor >= 2" in str(e.value)
 
 
 def test_yaml_syntax_error_names_the_line(tmp_path):
