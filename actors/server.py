@@ -1,5 +1,6 @@
 """ServerActor: builds the federated dataset, starts the ClientActors (one per client, or ``clients_per_actor``
-clients each) in the trial's placement group, and runs rounds: sample ⌈r·n⌉ clients, one ``ray.put`` broadcast, aggregate, evaluate on the cadence."""
+clients each) in the trial's placement group, and runs rounds: sample ⌈r·n⌉ clients, one ``ray.put``
+broadcast, aggregate, evaluate on the cadence."""
 
 from __future__ import annotations
 
@@ -26,7 +27,6 @@ class RayPool:
 
     def __init__(self, actors: list, hosts: list[list[int]]):
         self.actors = actors
-        self.hosts = hosts
         self.actor_of = {c: a for a, ids in enumerate(hosts) for c in ids}
 
     def _by_actor(self, client_ids: list[int]) -> dict[int, list[int]]:

@@ -44,7 +44,7 @@ WORKLOADS = {
 }
 
 
-def experiment(workload: str, clients: int, rounds: int, client_cpus: float, client_gpus: float) -> dict:
+def experiment(workload: str, clients: int, rounds: int, client_cpus: float, client_gpus: float, clients_per_actor: int = 1) -> dict:
     w = WORKLOADS[workload]
     return {
         "name": f"gpu-check-{workload}",
@@ -60,7 +60,8 @@ def experiment(workload: str, clients: int, rounds: int, client_cpus: float, cli
         },
         "rounds": rounds,
         "eval_every": rounds,
-        "resources": {"server_cpus": 1, "client_cpus": client_cpus, "client_gpus": client_gpus},
+        "resources": {"server_cpus": 1, "client_cpus": client_cpus, "client_gpus": client_gpus,
+                      "clients_per_actor": clients_per_actor},
     }
 
 
@@ -104,6 +105,7 @@ def main() -> int:
     ap.add_argument("--client-gpus", type=float, default=0.1)
     ap.add_argument("--client-cpus", type=float, default=1.0)
     ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--pack", type=int, default=5, help="clients per actor of the packed GPU variant")
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS))
     args = ap.parse_args()
 
@@ -124,15 +126,18 @@ def main() -> int:
     for workload in args.workloads:
         cpu = run(experiment(workload, args.clients, args.rounds, args.client_cpus, 0.0))
         gpu = run(experiment(workload, args.clients, args.rounds, args.client_cpus, args.client_gpus))
+        packed = run(experiment(workload, args.clients, args.rounds, args.client_cpus, args.client_gpus, args.pack))
         diff = max(abs(cpu["final"][k] - gpu["final"][k]) for k in cpu["final"])
-        results[workload] = {"cpu": cpu, "gpu": gpu, "max_final_metric_diff": diff}
+        same_packed = packed["final"] == gpu["final"]
+        results[workload] = {"cpu": cpu, "gpu": gpu, "gpu_packed": packed, "max_final_metric_diff": diff}
         print(f"\n== {workload}: {args.clients} clients, client_gpus={args.client_gpus}, {args.rounds} rounds")
-        for name, r in (("cpu actors", cpu), ("gpu actors", gpu)):
+        for name, r in (("cpu actors", cpu), ("gpu actors", gpu), (f"gpu actors, {args.pack} clients each", packed)):
             print(f"  {name}: devices={r['devices']} ray_gpu_ids={r['gpu_ids']} CUDA_VISIBLE_DEVICES={r['cuda_visible_devices']}")
             print(f"    start {r['start_s']:.1f}s, {r['rounds_per_s']:.2f} rounds/s, final {json.dumps(r['final'])}, "
                   f"GPU memory used {r['gpu_memory_used_mb']} MB")
-        print(f"  GPU/CPU rounds-per-second ratio: {gpu['rounds_per_s'] / cpu['rounds_per_s']:.2f}; "
-              f"largest |CPU - GPU| final metric: {diff:.2e}")
+        print(f"  GPU/CPU rounds-per-second ratio: {gpu['rounds_per_s'] / cpu['rounds_per_s']:.2f} (packed: "
+              f"{packed['rounds_per_s'] / cpu['rounds_per_s']:.2f}); largest |CPU - GPU| final metric: {diff:.2e}; "
+              f"packed GPU == unpacked GPU: {same_packed}")
     ray.shutdown()
     out = os.environ.get("OUT")
     if out:

@@ -82,7 +82,7 @@ def cmd_sweep(args) -> int:
     runs, _ = load_runs(out["tracking_uri"], sweep.trials[0].config.tracking.experiment, out["parent_run_id"])
     print()
     print(f"Best setting per algorithm by final {sweep.settings.metric} ({sweep.settings.mode}), sweep run {out['parent_run_id']}:")
-    print(to_markdown(best_settings(runs, sweep.settings.metric, sweep.settings.mode)))
+    print(to_markdown(best_settings(runs, sweep.settings.metric, sweep.settings.mode, sweep.settings.table_group_by)))
     if out["errors"]:
         print(f"{out['errors']} trial(s) failed; see the Tune output above", file=sys.stderr)
         return EXIT_FAILED
@@ -93,18 +93,21 @@ def cmd_table(args) -> int:
     from fedsweep.table import best_settings, load_runs, to_markdown
     from fedsweep.tracking import resolve_tracking_uri
 
+    if args.target_accuracy is not None and not 0 < args.target_accuracy <= 1:
+        print(f"error: --target-accuracy: {args.target_accuracy} is outside (0, 1]; give a fraction, e.g. 0.876", file=sys.stderr)
+        return EXIT_BAD_INPUT
     uri = resolve_tracking_uri(args.tracking_uri)
     try:
-        runs, sweep_tags = load_runs(uri, args.experiment, args.sweep_run)
+        runs, sweep_tags = load_runs(uri, args.experiment, args.sweep_run, args.target_accuracy)
     except LookupError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     metric = args.metric or sweep_tags.get("fedsweep.metric", "personalized_accuracy_mean")
     mode = args.mode or sweep_tags.get("fedsweep.mode", "max")
     try:
-        table = best_settings(runs, metric, mode)
+        table = best_settings(runs, metric, mode, args.group_by)
     except KeyError as e:
-        print(f"error: --metric: {e.args[0]}", file=sys.stderr)
+        print(f"error: --metric/--group-by: {e.args[0]}", file=sys.stderr)
         return EXIT_BAD_INPUT
     if args.format == "markdown":
         text = to_markdown(table)
@@ -170,6 +173,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--format", choices=["markdown", "csv", "parquet"], default="markdown")
     s.add_argument("--output", default=None, help="file to write (required for csv and parquet)")
     s.add_argument("--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")
+    s.add_argument(
+        "--target-accuracy", type=float, default=None, metavar="ACC",
+        help="also report the round and the model transmissions at which personalized_accuracy_mean first "
+        "reached ACC (a fraction, e.g. 0.876), over the seeds that reached it",
+    )
+    s.add_argument(
+        "--group-by", action="append", default=[], metavar="PARAM",
+        help="split rows by this logged parameter too (e.g. model.name, algorithm.local_steps); repeatable",
+    )
     s.set_defaults(func=cmd_table)
 
     s = sub.add_parser("algorithms", help="list the algorithms and their hyperparameters")

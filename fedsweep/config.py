@@ -24,8 +24,8 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from fedsweep.algorithms import ALGORITHMS
-from fedsweep.data import DataConfig, SyntheticConfig
-from fedsweep.models import MLPConfig, ModelConfig
+from fedsweep.data import DataConfig, SyntheticConfig, input_features
+from fedsweep.models import MLPConfig, ModelConfig, build_model
 from fedsweep.schema import StrictModel, names_of
 
 _PARAMS = tuple(cls.Params for cls in ALGORITHMS.values())
@@ -128,6 +128,8 @@ class ExperimentConfig(StrictModel):
         problem = hp.model_problem(self.model.name)
         if problem:
             raise ValueError(f"algorithm.name={hp.name} with model.name={self.model.name}: {problem}")
+        if self.model.name == "cnn":
+            build_model(self.model, input_features(self.data), 10)  # raises if the inputs are not images it can take
         if hp.clients_per_round is not None and hp.clients_per_round > n:
             raise ValueError(
                 f"algorithm.clients_per_round={hp.clients_per_round} samples more clients than exist "
@@ -161,6 +163,11 @@ class SweepSettings(StrictModel):
         None, min_length=1, description="Seeds crossed with the grid; null = the config's seed."
     )
     storage_path: str = Field("ray_results", description="Where Tune keeps trial results (absolute, relative or URI).")
+    table_group_by: list[str] = Field(
+        default_factory=list,
+        description="Parameters (flat names, e.g. model.name, algorithm.local_steps) that split the table's "
+        "rows further: one row per algorithm and value of each.",
+    )
 
 
 #: Fields the sweep driver reads once for all trials (where to log, which cluster to join).
@@ -316,11 +323,12 @@ def _submodels(annotation: Any) -> list[type[BaseModel]]:
     return [m for a in get_args(annotation) for m in _submodels(a)]
 
 
-def _tag(model: type[BaseModel]) -> Any:
+def _tags(model: type[BaseModel]) -> tuple:
+    """The values of a union member's tag field (``name`` or ``dataset``): its Literal's values."""
     for key in ("name", "dataset"):
         if key in model.model_fields:
-            return model.model_fields[key].default
-    return None
+            return get_args(model.model_fields[key].annotation)
+    return ()
 
 
 def _model_at(loc: tuple, raw: dict) -> type[BaseModel] | None:
@@ -334,7 +342,7 @@ def _model_at(loc: tuple, raw: dict) -> type[BaseModel] | None:
         node = node.get(part) if isinstance(node, dict) else None
         candidates = _submodels(field.annotation)
         tag = (node.get("name", node.get("dataset")) if isinstance(node, dict) else None)
-        chosen = [m for m in candidates if tag is not None and _tag(m) == tag]
+        chosen = [m for m in candidates if tag is not None and tag in _tags(m)]
         model = chosen[0] if chosen else (candidates[0] if len(candidates) == 1 else None)
     return model
 
@@ -352,7 +360,7 @@ def _without_union_tags(loc: tuple) -> tuple:
         candidates = _submodels(field.annotation) if field is not None else []
         model = candidates[0] if len(candidates) == 1 else None
         if len(candidates) > 1 and i + 1 < len(loc):
-            tagged = [m for m in candidates if _tag(m) == loc[i + 1]]
+            tagged = [m for m in candidates if loc[i + 1] in _tags(m)]
             if tagged:
                 model = tagged[0]
                 i += 1  # skip the tag
@@ -410,17 +418,17 @@ def check_fits(cfg: ExperimentConfig, cluster_cpus: float, cluster_gpus: float, 
     need_gpus = sum(b.get("GPU", 0) for b in bundles)
     r = cfg.resources
     a = len(bundles) - 1
-    actors = f"{a} client actors" if r.clients_per_actor == 1 else f"{a} client actors (of {r.clients_per_actor} clients)"
+    actors = f"{a} client actors" if r.clients_per_actor == 1 else f"{a} client actors ({r.clients_per_actor} clients each)"
     if need_cpus > cluster_cpus + 1e-9:
         problems.append(
             f"{where}: resources: one trial needs server_cpus + {actors} × client_cpus = "
-            f"{r.server_cpus} + {a} × {r.client_cpus} = {need_cpus:g} CPUs, but the cluster has {cluster_cpus:g}; "
+            f"{r.server_cpus:g} + {a} × {r.client_cpus:g} = {need_cpus:g} CPUs, but the cluster has {cluster_cpus:g}; "
             f"allowed: client_cpus <= {max(cluster_cpus - r.server_cpus, 0) / a:.4g} "
             f"(or fewer clients, or a larger clients_per_actor)"
         )
     if need_gpus > cluster_gpus + 1e-9:
         problems.append(
-            f"{where}: resources.client_gpus: one trial needs {actors} × {r.client_gpus} = {need_gpus:g} GPUs, "
+            f"{where}: resources.client_gpus: one trial needs {actors} × {r.client_gpus:g} = {need_gpus:g} GPUs, "
             f"but the cluster has {cluster_gpus:g}; allowed: client_gpus <= {cluster_gpus / a:.4g}"
         )
     if memory_mb is not None:
@@ -470,6 +478,26 @@ def check_resources(configs: list[ExperimentConfig], file: str, capacity: tuple[
         raise ConfigError(problems)
 
 
+def check_data(configs: list[ExperimentConfig], file: str) -> None:
+    """Image datasets: the files are there and the split is feasible, before Ray starts (local runs only:
+    on a cluster the files live on the nodes)."""
+    from fedsweep.data import ImageConfig, build_federated_dataset
+
+    problems: list[str] = []
+    seen = set()
+    for cfg in configs:
+        if not isinstance(cfg.data, ImageConfig) or cfg.resources.address() or cfg.data in seen:
+            continue
+        seen.add(cfg.data)
+        try:
+            build_federated_dataset(cfg.data)
+        except (FileNotFoundError, ValueError) as e:
+            if f"{file}: {e}" not in problems:
+                problems.append(f"{file}: {e}")
+    if problems:
+        raise ConfigError(problems)
+
+
 def load_experiment(path: str | Path, check_cluster: bool = True) -> ExperimentConfig:
     """Read and validate a single-experiment file (no grids; a ``sweep:`` section is ignored)."""
     raw, source = read_yaml(path)
@@ -480,6 +508,7 @@ def load_experiment(path: str | Path, check_cluster: bool = True) -> ExperimentC
     cfg = validate(raw, str(path), _line_index(source))
     if check_cluster:
         check_resources([cfg], str(path))
+        check_data([cfg], str(path))
     return cfg
 
 
@@ -528,11 +557,18 @@ def load_sweep(path: str | Path, check_cluster: bool = True) -> Sweep:
     for p, labels in failing.items():
         # A problem common to every grid point is the file's; otherwise name the points that have it.
         problems.append(p if len(labels) == len(points) else f"{p} [in trial {'; '.join(labels[:3])}{' ...' if len(labels) > 3 else ''}]")
+    if settings is not None and trials:
+        known = {k for t in trials for k in t.config.flat_params()}
+        for name in settings.table_group_by:
+            if name not in known:
+                close = sorted(k for k in known if k.split(".")[-1] == name.split(".")[-1]) or sorted(known)[:8]
+                problems.append(f"{file}: sweep.table_group_by: {name!r} is not a parameter of the trials; e.g. {', '.join(close)}")
     if problems:
         raise ConfigError(problems)
     assert settings is not None
     if check_cluster:
         check_resources([t.config for t in trials], file)
+        check_data([t.config for t in trials], file)
     return Sweep(settings, trials, source, file)
 
 

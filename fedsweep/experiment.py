@@ -44,9 +44,9 @@ class ExperimentRunner:
     """Starts the ServerActor (which starts the ClientActors) inside a placement group and steps it.
 
     Outside Tune the runner creates the group itself: bundle 0 holds the ServerActor,
-    bundle 1 + i client i. Inside a Tune trial the group is the trial's own
-    (``tune.with_resources``), and bundle 0 is shared by the trial driver and the
-    ServerActor, which then asks for no CPU of its own.
+    bundle 1 + a ClientActor a (hosting ``clients_per_actor`` clients). Inside a Tune trial
+    the group is the trial's own (``tune.with_resources``), and bundle 0 is shared by the
+    trial driver and the ServerActor, which then asks for no CPU of its own.
     """
 
     def __init__(self, cfg: ExperimentConfig, trial_placement_group: PlacementGroup | None = None, start_timeout_s: float = 300):

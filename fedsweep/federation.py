@@ -147,7 +147,6 @@ class Server:
         return summarize(self.last_evals)
 
     def step(self, pool: ClientPool, rnd: int) -> dict[str, float]:
-        """Round ``rnd`` (0 = evaluation of the initial model only) and, on the cadence, evaluation."""
         """Round ``rnd`` (0 = evaluation of the initial model only) and, on the cadence, evaluation.
 
         A round that leaves the global model non-finite is flagged ``diverged`` and evaluated, so that

@@ -27,12 +27,52 @@ class MLPConfig(StrictModel):
     activation: Literal["relu", "elu", "tanh"] = "relu"
 
 
-ModelConfig = MLRConfig | MLPConfig
+class CNNConfig(StrictModel):
+    """Two 5×5 convolutions, each followed by ReLU and 2×2 max-pooling, then fully connected layers
+    (``hidden``) and the output layer: the CIFAR CNN of the PFL paper (Acar et al. 2021) and of
+    McMahan et al. 2017 with the defaults. Inputs are flattened images; their shape is inferred."""
+
+    name: Literal["cnn"] = "cnn"
+    channels: list[PositiveInt] = Field(default_factory=lambda: [64, 64], min_length=2, max_length=2)
+    hidden: list[PositiveInt] = Field(default_factory=lambda: [384, 192], min_length=1)
+    kernel_size: PositiveInt = 5
+
+
+ModelConfig = MLRConfig | MLPConfig | CNNConfig
+
+
+def image_shape(num_features: int) -> tuple[int, int, int]:
+    """(channels, side, side) of a flattened square image with 1 or 3 channels."""
+    for c in (1, 3):
+        side = round((num_features / c) ** 0.5)
+        if num_features % c == 0 and side * side * c == num_features:
+            return c, side, side
+    raise ValueError(f"model.name=cnn needs square images with 1 or 3 channels; the inputs have {num_features} features")
+
+
+def _cnn(cfg: CNNConfig, num_features: int, num_classes: int) -> nn.Sequential:
+    c, side, _ = image_shape(num_features)
+    layers: list[nn.Module] = [nn.Unflatten(1, (c, side, side))]
+    for out in cfg.channels:
+        layers += [nn.Conv2d(c, out, cfg.kernel_size), nn.ReLU(), nn.MaxPool2d(2)]
+        side = (side - cfg.kernel_size + 1) // 2
+        c = out
+        if side < 1:
+            raise ValueError(f"model.kernel_size={cfg.kernel_size} is too large for {image_shape(num_features)} images")
+    layers.append(nn.Flatten())
+    width = c * side * side
+    for h in cfg.hidden:
+        layers += [nn.Linear(width, h), nn.ReLU()]
+        width = h
+    layers.append(nn.Linear(width, num_classes))
+    return nn.Sequential(*layers)
 
 
 def build_model(cfg: ModelConfig, num_features: int, num_classes: int) -> nn.Module:
     if cfg.name == "mlr":
         return nn.Linear(num_features, num_classes)
+    if cfg.name == "cnn":
+        return _cnn(cfg, num_features, num_classes)
     layers: list[nn.Module] = []
     width = num_features
     for h in cfg.hidden:

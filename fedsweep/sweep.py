@@ -90,7 +90,12 @@ def run_sweep(sweep: Sweep, verbose: int = 1) -> dict[str, Any]:
         trainable,
         param_space={"point": tune.grid_search([{"trial": t.index, **t.overrides} for t in sweep.trials])},
         tune_config=tune.TuneConfig(
-            metric=settings.metric, mode=settings.mode, max_concurrent_trials=settings.max_concurrent_trials
+            metric=settings.metric,
+            mode=settings.mode,
+            max_concurrent_trials=settings.max_concurrent_trials,
+            # A finished trial's actor (torch imported, bundle reserved) runs the next trial of equal
+            # resources: one process start fewer per trial.
+            reuse_actors=True,
         ),
         run_config=tune.RunConfig(
             name=f"{settings.name}-{time.strftime('%Y%m%d-%H%M%S')}", storage_path=storage, verbose=verbose

@@ -15,7 +15,10 @@ import pandas as pd
 from fedsweep.tracking import PARENT_TAG, TAG_PREFIX, client
 
 #: Final-round metrics reported for the best setting, beside the one ranked by.
-REPORTED = ("personalized_accuracy_mean", "global_accuracy")
+REPORTED = ("personalized_accuracy_mean", "global_accuracy", "personalized_accuracy_worst", "personalized_accuracy_best")
+#: Added by ``load_runs(target_accuracy=...)``: first evaluation round, and model transmissions by then,
+#: at which personalized_accuracy_mean reached the target (NaN where it never did).
+TARGET_COLUMNS = ("rounds_to_target", "transmissions_to_target")
 
 
 def ci95(values: np.ndarray) -> float:
@@ -28,8 +31,20 @@ def ci95(values: np.ndarray) -> float:
     return float(stats.t.ppf(0.975, n - 1) * np.std(values, ddof=1) / math.sqrt(n))
 
 
-def load_runs(uri: str, experiment: str, sweep_run_id: str | None = None) -> tuple[pd.DataFrame, dict]:
-    """Finished trial runs of ``experiment`` (of one sweep if ``sweep_run_id``), and the sweep's tags."""
+def to_target(c, run_id: str, target: float, metric: str = "personalized_accuracy_mean") -> tuple[float, float]:
+    """(round, transmissions) of the first evaluation where ``metric`` >= ``target``; NaNs if never."""
+    reached = sorted(m.step for m in c.get_metric_history(run_id, metric) if m.value >= target)
+    if not reached:
+        return math.nan, math.nan
+    sent = {m.step: m.value for m in c.get_metric_history(run_id, "transmissions")}
+    return float(reached[0]), float(sent.get(reached[0], math.nan))
+
+
+def load_runs(
+    uri: str, experiment: str, sweep_run_id: str | None = None, target_accuracy: float | None = None
+) -> tuple[pd.DataFrame, dict]:
+    """Finished trial runs of ``experiment`` (of one sweep if ``sweep_run_id``), and the sweep's tags.
+    With ``target_accuracy``, each run also gets the :data:`TARGET_COLUMNS` from its metric history."""
     c = client(uri)
     exp = c.get_experiment_by_name(experiment)
     if exp is None:
@@ -61,25 +76,34 @@ def load_runs(uri: str, experiment: str, sweep_run_id: str | None = None) -> tup
                 "setting": tags[f"{TAG_PREFIX}setting"],
                 "setting_label": tags.get(f"{TAG_PREFIX}setting_label", ""),
                 "seed": int(tags.get(f"{TAG_PREFIX}seed", 0)),
+                **{f"param:{k}": v for k, v in r.data.params.items()},
                 **r.data.metrics,
             }
         )
+        if target_accuracy is not None:
+            rows[-1].update(zip(TARGET_COLUMNS, to_target(c, r.info.run_id, target_accuracy)))
     return pd.DataFrame(rows), sweep_tags
 
 
-def best_settings(runs: pd.DataFrame, metric: str, mode: str = "max") -> pd.DataFrame:
-    """One row per algorithm: its best setting by the mean of ``metric`` over seeds, with mean ± 95% CI."""
+def best_settings(runs: pd.DataFrame, metric: str, mode: str = "max", group_by: list[str] | tuple = ()) -> pd.DataFrame:
+    """One row per algorithm (and per value of each ``group_by`` parameter): its best setting by the mean
+    of ``metric`` over seeds, with mean ± 95% CI."""
     if runs.empty:
         return pd.DataFrame()
     if metric not in runs.columns:
         raise KeyError(f"metric {metric!r} was not logged by these runs; logged: {sorted(c for c in runs.columns if '_' in c)}")
+    missing = [p for p in group_by if f"param:{p}" not in runs.columns]
+    if missing:
+        raise KeyError(f"group-by parameter(s) {missing} not logged by these runs")
     rows = []
-    for algorithm, group in runs.groupby("algorithm", sort=True):
+    keys = ["algorithm"] + [f"param:{p}" for p in group_by]
+    for key, group in runs.fillna({k: "" for k in keys}).groupby(keys, sort=True):
         by_setting = group.groupby("setting")[metric].mean()
         best = by_setting.idxmax() if mode == "max" else by_setting.idxmin()
         chosen = group[group["setting"] == best]
+        split = ", ".join(f"{p}={v}" for p, v in zip(group_by, key[1:]))
         row = {
-            "algorithm": algorithm,
+            "algorithm": key[0] + (f" ({split})" if split else ""),
             "best setting": chosen["setting_label"].iloc[0],
             "settings tried": int(group["setting"].nunique()),
             "seeds": int(len(chosen)),
@@ -89,13 +113,23 @@ def best_settings(runs: pd.DataFrame, metric: str, mode: str = "max") -> pd.Data
                 values = chosen[key].to_numpy(dtype=float)
                 row[f"{key} mean"] = float(values.mean())
                 row[f"{key} ci95"] = ci95(values)
+        if TARGET_COLUMNS[0] in chosen.columns:
+            # over the seeds that reached the target; how many did is reported beside
+            reached = chosen.dropna(subset=[TARGET_COLUMNS[0]])
+            row["seeds reaching target"] = f"{len(reached)}/{len(chosen)}"
+            for key in TARGET_COLUMNS:
+                values = reached[key].to_numpy(dtype=float)
+                row[f"{key} mean"] = float(values.mean()) if len(values) else math.nan
+                row[f"{key} ci95"] = ci95(values)
         rows.append(row)
     return pd.DataFrame(rows)
 
 
-def _pm(mean: float, half: float, percent: bool) -> str:
+def _pm(mean: float, half: float, percent: bool, digits: int = 4) -> str:
     scale = 100.0 if percent else 1.0
-    digits = 2 if percent else 4
+    digits = 2 if percent else digits
+    if math.isnan(mean):
+        return "not reached"
     if math.isnan(half):
         return f"{mean * scale:.{digits}f} ± n/a"
     return f"{mean * scale:.{digits}f} ± {half * scale:.{digits}f}"
@@ -106,12 +140,17 @@ def to_markdown(table: pd.DataFrame) -> str:
     if table.empty:
         return "(no finished runs)"
     metrics = [c[: -len(" mean")] for c in table.columns if c.endswith(" mean")]
+    target = "seeds reaching target" in table.columns
     head = ["algorithm", "best setting", "settings tried", "seeds"] + [
-        m + (" (%)" if "accuracy" in m else "") for m in metrics
-    ]
+        m + (" (%)" if m.startswith("personalized_accuracy") or m.startswith("global_accuracy") else "") for m in metrics
+    ] + (["seeds reaching target"] if target else [])
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for _, r in table.iterrows():
         cells = [str(r["algorithm"]), str(r["best setting"]), str(r["settings tried"]), str(r["seeds"])]
-        cells += [_pm(r[f"{m} mean"], r[f"{m} ci95"], "accuracy" in m) for m in metrics]
+        cells += [
+            _pm(r[f"{m} mean"], r[f"{m} ci95"], m not in TARGET_COLUMNS and "accuracy" in m, 1 if m in TARGET_COLUMNS else 4)
+            for m in metrics
+        ]
+        cells += [str(r["seeds reaching target"])] if target else []
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -52,3 +52,36 @@ def tracking_uri(tmp_path, monkeypatch) -> str:
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     return uri
+
+
+# Class counts of the real MNIST train and test files; CIFAR-10 has 5000 and 1000 per class.
+MNIST_COUNTS = {
+    "train": [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949],
+    "t10k": [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009],
+}
+
+
+@pytest.fixture(scope="session")
+def full_size_image_root(tmp_path_factory):
+    """MNIST and CIFAR-10 files of the real sizes, formats and class counts (blank images), so that the
+    shipped protocol files validate (files present, splits feasible) without the real data."""
+    import pickle
+    import struct
+
+    import numpy as np
+
+    root = tmp_path_factory.mktemp("image-data")
+    raw = root / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    for split, counts in MNIST_COUNTS.items():
+        labels = np.repeat(np.arange(10, dtype=np.uint8), counts)
+        n = len(labels)
+        (raw / f"{split}-images-idx3-ubyte").write_bytes(struct.pack(">BBBBIII", 0, 0, 8, 3, n, 28, 28) + bytes(n * 784))
+        (raw / f"{split}-labels-idx1-ubyte").write_bytes(struct.pack(">BBBBI", 0, 0, 8, 1, n) + labels.tobytes())
+    cifar = root / "cifar-10-batches-py"
+    cifar.mkdir()
+    for name, per_class in [(f"data_batch_{i}", 1000) for i in range(1, 6)] + [("test_batch", 1000)]:
+        labels = [c for c in range(10) for _ in range(per_class)]
+        batch = {b"labels": labels, b"data": np.zeros((len(labels), 3072), dtype=np.uint8)}
+        (cifar / name).write_bytes(pickle.dumps(batch, protocol=2))
+    return root

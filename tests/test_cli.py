@@ -21,9 +21,11 @@ def fedsweep(*args, cwd, env_extra=None, timeout=300):
     )
 
 
-def test_validate_ok_on_shipped_sweeps(tmp_path):
+def test_validate_ok_on_shipped_sweeps(tmp_path, full_size_image_root):
+    # The MNIST/CIFAR protocols check their files and splits at validation: give them full-size stand-ins.
+    env = {"FEDSWEEP_DATA_DIR": str(full_size_image_root)}
     for f in sorted((ROOT / "sweeps").glob("*.yaml")):
-        r = fedsweep("validate", str(f), cwd=tmp_path)
+        r = fedsweep("validate", str(f), cwd=tmp_path, env_extra=env)
         assert r.returncode == 0, r.stderr
         assert "OK" in r.stdout
     assert not (tmp_path / "mlflow.db").exists()
@@ -38,6 +40,10 @@ BAD = {
     ),
     "cannot fit": ({"data": {"num_clients": 50}, "resources": {"client_cpus": 0.05}}, "2.75 CPUs"),
     "unknown grid field": ({"algorithm": {"lr": {"grid": [1, 2]}}}, "algorithm.lr: unknown key 'lr'"),
+    "missing image files": (
+        {"data": {"dataset": "cifar10", "root": "no-data-here"}},
+        "data.root: cifar10 files not found under",
+    ),
 }
 
 

@@ -1,9 +1,11 @@
-"""Federated datasets: the embedded defaults (Synthetic(ᾱ, β̄) and scikit-learn's digits) and their splits."""
+"""Federated datasets: the embedded defaults (Synthetic(ᾱ, β̄) and scikit-learn's digits), MNIST and
+CIFAR-10/100 from local files, and the named splits of the papers."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import Annotated, Literal
 
 import numpy as np
@@ -11,7 +13,7 @@ import torch
 from pydantic import Field, model_validator
 
 from fedsweep.algorithms.base import ClientData
-from fedsweep.data import partitions, synthetic
+from fedsweep.data import partitions, synthetic, vision
 from fedsweep.schema import StrictModel, aliases
 
 
@@ -28,7 +30,70 @@ class LabelSkewPartition(StrictModel):
     classes_per_client: int = Field(2, ge=1)
 
 
-PartitionConfig = Annotated[IIDPartition | LabelSkewPartition, Field(discriminator="name")]
+class DirichletPartition(StrictModel):
+    """Each class divided among the clients in Dir(concentration) proportions (Hsu et al. 2019)."""
+
+    name: Literal["dirichlet"] = "dirichlet"
+    concentration: float = Field(0.5, gt=0, description="Dirichlet concentration; small = few classes per client")
+
+
+class ShardsPartition(StrictModel):
+    """McMahan et al.'s pathological split: label-sorted shards, ``shards_per_client`` each."""
+
+    name: Literal["shards"] = "shards"
+    shards_per_client: int = Field(2, ge=1)
+
+
+class PerFedAvgPartition(StrictModel):
+    """Per-FedAvg's split: half the users ``a`` images of each of classes 0-4, the others a/2 of one class
+    in 0-4 and 2a of one in 5-9 (``diff_hetero``: without the a/2); the test pool split the same way."""
+
+    name: Literal["perfedavg"] = "perfedavg"
+    images_per_class: int = Field(196, ge=2, validation_alias=aliases("images_per_class", "a"), description="a")
+    test_images_per_class: int | None = Field(
+        None, ge=2, description="a for the test pool; null = a × (test pool size / train pool size), rounded down"
+    )
+    diff_hetero: bool = False
+
+
+class PFedMeMNISTPartition(StrictModel):
+    """pFedMe's MNIST split: ``labels_per_client`` labels per user, sizes uniform in [min, max], pooled
+    train and test images, then the user's own train/test split."""
+
+    name: Literal["pfedme_mnist"] = "pfedme_mnist"
+    labels_per_client: int = Field(2, ge=1)
+    min_samples: int = Field(1165, ge=2)
+    max_samples: int = Field(3834, ge=2)
+
+
+class ACIDPartition(StrictModel):
+    """ACID (Acar et al. 2021): ``classes_per_client`` classes per device, train and test drawn from them."""
+
+    name: Literal["acid"] = "acid"
+    classes_per_client: int = Field(5, ge=1)
+
+
+class ALIDPartition(StrictModel):
+    """ALID: ACID, then each device permutes its label indices."""
+
+    name: Literal["alid"] = "alid"
+    classes_per_client: int = Field(5, ge=1)
+
+
+PartitionConfig = Annotated[
+    IIDPartition | LabelSkewPartition | DirichletPartition | ShardsPartition, Field(discriminator="name")
+]
+ImagePartitionConfig = Annotated[
+    IIDPartition
+    | LabelSkewPartition
+    | DirichletPartition
+    | ShardsPartition
+    | PerFedAvgPartition
+    | PFedMeMNISTPartition
+    | ACIDPartition
+    | ALIDPartition,
+    Field(discriminator="name"),
+]
 
 
 class SyntheticConfig(StrictModel):
@@ -83,7 +148,48 @@ class DigitsConfig(StrictModel):
         return self
 
 
-DataConfig = Annotated[SyntheticConfig | DigitsConfig, Field(discriminator="dataset")]
+class ImageConfig(StrictModel):
+    """MNIST, CIFAR-10 or CIFAR-100 read from ``root`` (torchvision's layout), split by ``partition``.
+
+    ``perfedavg``, ``acid`` and ``alid`` split the official train and test pools; the other splits
+    pool both and give each client its own ``test_fraction`` (pFedMe's 75/25).
+    """
+
+    dataset: Literal["mnist", "cifar10", "cifar100"]
+    root: str | None = Field(None, description="Folder holding the files; null = $FEDSWEEP_DATA_DIR, else ./data")
+    download: bool = Field(False, description="Fetch missing files with torchvision (vision extra, internet)")
+    num_clients: int = Field(50, ge=1)
+    partition: ImagePartitionConfig = Field(default_factory=IIDPartition)
+    test_fraction: float = Field(0.25, gt=0, lt=1)
+    seed: int = Field(0, ge=0, description="Seed of the split; fixed across the experiment's seeds.")
+
+    @model_validator(mode="after")
+    def _feasible(self):
+        p = self.partition
+        if isinstance(p, PFedMeMNISTPartition) and p.max_samples < p.min_samples:
+            raise ValueError(f"partition.max_samples ({p.max_samples}) must be >= partition.min_samples ({p.min_samples})")
+        classes = 100 if self.dataset == "cifar100" else 10
+        k = getattr(p, "classes_per_client", getattr(p, "labels_per_client", 1))
+        if k > classes:
+            raise ValueError(f"partition: {k} classes per client exceeds the {classes} classes of {self.dataset}")
+        if isinstance(p, PerFedAvgPartition) and classes != 10:
+            raise ValueError("partition.name=perfedavg needs classes 0-9 (mnist or cifar10)")
+        return self
+
+
+DataConfig = Annotated[SyntheticConfig | DigitsConfig | ImageConfig, Field(discriminator="dataset")]
+
+
+IMAGE_FEATURES = {"mnist": 28 * 28, "cifar10": 3 * 32 * 32, "cifar100": 3 * 32 * 32}
+
+
+def input_features(cfg: SyntheticConfig | DigitsConfig | ImageConfig) -> int:
+    """Input size of a dataset, known from its config alone (images are flattened)."""
+    if isinstance(cfg, SyntheticConfig):
+        return cfg.num_features
+    if isinstance(cfg, DigitsConfig):
+        return DIGITS_FEATURES
+    return IMAGE_FEATURES[cfg.dataset]
 
 
 @dataclass
@@ -101,11 +207,56 @@ def _digits() -> tuple[np.ndarray, np.ndarray]:
     return (d.data / 16.0).astype(np.float32), d.target.astype(np.int64)
 
 
-def _split_pooled(cfg: DigitsConfig, labels: np.ndarray) -> list[np.ndarray]:
+def _split_pooled(cfg: DigitsConfig | ImageConfig, labels: np.ndarray) -> list[np.ndarray]:
+    """A split of one pool of samples (each client then makes its own train/test split)."""
     rng = np.random.default_rng([cfg.seed, 1])
-    if isinstance(cfg.partition, LabelSkewPartition):
-        return partitions.label_skew(labels, cfg.num_clients, cfg.partition.classes_per_client, rng)
-    return partitions.iid(labels, cfg.num_clients, rng)
+    p, n = cfg.partition, cfg.num_clients
+    if isinstance(p, LabelSkewPartition):
+        return partitions.label_skew(labels, n, p.classes_per_client, rng)
+    if isinstance(p, DirichletPartition):
+        return partitions.dirichlet(labels, n, p.concentration, rng)
+    if isinstance(p, ShardsPartition):
+        return partitions.shards(labels, n, p.shards_per_client, rng)
+    if isinstance(p, PFedMeMNISTPartition):
+        return partitions.pfedme_mnist(labels, n, p.labels_per_client, p.min_samples, p.max_samples, rng)
+    return partitions.iid(labels, n, rng)
+
+
+@lru_cache(maxsize=2)
+def _images(name: str, root: str, download: bool):
+    return vision.load(name, Path(root), download)
+
+
+def _image_clients(cfg: ImageConfig) -> tuple[list[ClientData], int, int]:
+    x_tr, y_tr, x_te, y_te = _images(cfg.dataset, str(vision.data_root(cfg.root)), cfg.download)
+    num_classes = 100 if cfg.dataset == "cifar100" else 10
+    p, n = cfg.partition, cfg.num_clients
+    rng = np.random.default_rng([cfg.seed, 1])
+    if isinstance(p, (PerFedAvgPartition, ACIDPartition, ALIDPartition)):
+        if isinstance(p, PerFedAvgPartition):
+            a_test = p.test_images_per_class or max(2, p.images_per_class * len(y_te) // len(y_tr))
+            split = partitions.perfedavg(y_tr, y_te, n, p.images_per_class, a_test, p.diff_hetero, rng)
+        else:
+            split = partitions.acid(y_tr, y_te, n, p.classes_per_client, rng)
+        perms = partitions.label_permutations(n, num_classes, rng) if isinstance(p, ALIDPartition) else None
+        clients = []
+        for i, (tr, te) in enumerate(split):
+            relabel = (lambda y, perm=perms[i]: perm[y]) if perms is not None else (lambda y: y)  # noqa: E731
+            t = torch.from_numpy
+            clients.append(ClientData(t(x_tr[tr]), t(relabel(y_tr[tr])), t(x_te[te]), t(relabel(y_te[te]))))
+        return clients, x_tr.shape[1], num_classes
+    x, y = np.concatenate([x_tr, x_te]), np.concatenate([y_tr, y_te])
+    split_rng = np.random.default_rng([cfg.seed, 2])
+    clients = []
+    for i, idx in enumerate(_split_pooled(cfg, y)):
+        if len(idx) < 2:
+            raise ValueError(
+                f"data.partition: the {p.name} split of {cfg.dataset} leaves client {i} with {len(idx)} sample(s); "
+                "every client needs at least 2 (one train, one test)"
+            )
+        train, test = partitions.train_test_split(idx, cfg.test_fraction, split_rng)
+        clients.append(_client(x, y, train, test))
+    return clients, x.shape[1], num_classes
 
 
 def _client(x: np.ndarray, y: np.ndarray, train: np.ndarray, test: np.ndarray) -> ClientData:
@@ -113,8 +264,10 @@ def _client(x: np.ndarray, y: np.ndarray, train: np.ndarray, test: np.ndarray) -
     return ClientData(t(x[train]), t(y[train]), t(x[test]), t(y[test]))
 
 
-def build_federated_dataset(cfg: SyntheticConfig | DigitsConfig) -> FederatedDataset:
+def build_federated_dataset(cfg: SyntheticConfig | DigitsConfig | ImageConfig) -> FederatedDataset:
     """Deterministic in ``cfg`` (its own ``seed``): the same config gives the same shards."""
+    if isinstance(cfg, ImageConfig):
+        return FederatedDataset(*_image_clients(cfg))
     split_rng = np.random.default_rng([cfg.seed, 2])
     if isinstance(cfg, SyntheticConfig):
         devices = synthetic.generate(

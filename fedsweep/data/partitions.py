@@ -46,3 +46,149 @@ def train_test_split(indices: np.ndarray, test_fraction: float, rng: np.random.G
     perm = rng.permutation(indices)
     n_test = min(max(1, int(round(test_fraction * len(perm)))), len(perm) - 1)
     return np.sort(perm[n_test:]), np.sort(perm[:n_test])
+
+
+# --- Splits of a dataset that comes with its own train and test pools (MNIST, CIFAR) -----------------
+# Each returns one (train indices, test indices) pair per client, indices into the train and the test
+# pool; a client's test part is drawn from the same classes, in the same way, as its train part.
+
+Split = list[tuple[np.ndarray, np.ndarray]]
+
+
+def _class_pools(labels: np.ndarray, rng: np.random.Generator) -> dict[int, list[int]]:
+    """Shuffled indices of each class, consumed front to back by the draws (draws are without replacement)."""
+    return {int(c): rng.permutation(np.flatnonzero(labels == c)).tolist() for c in np.unique(labels)}
+
+
+def _draw(pools: dict[int, list[int]], cls: int, count: int, what: str) -> np.ndarray:
+    pool = pools.get(cls, [])
+    if count > len(pool):
+        raise ValueError(f"{what}: class {cls} has {len(pool)} samples left, {count} needed")
+    taken, pools[cls] = pool[:count], pool[count:]
+    return np.asarray(taken, dtype=np.int64)
+
+
+def perfedavg(
+    train_labels: np.ndarray,
+    test_labels: np.ndarray,
+    num_clients: int,
+    a_train: int,
+    a_test: int,
+    diff_hetero: bool,
+    rng: np.random.Generator,
+) -> Split:
+    """Per-FedAvg's split (Fallah et al. 2020, Sec. 5): the first ⌈n/2⌉ users hold ``a`` images of each
+    of classes 0-4; each other user holds a/2 images of one class in 0-4 and 2a of one class in 5-9
+    (``diff_hetero``: only the 2a). The single classes of those users are dealt round-robin over seeded
+    permutations of 0-4 and 5-9. Test data is split the same way with ``a_test``.
+    """
+    half = (num_clients + 1) // 2
+    low, high = rng.permutation(5), 5 + rng.permutation(5)
+    recipes: list[list[tuple[int, float]]] = []  # (class, multiple of a)
+    for i in range(num_clients):
+        if i < half:
+            recipes.append([(c, 1.0) for c in range(5)])
+        else:
+            j = i - half
+            recipe = [(int(high[j % 5]), 2.0)]
+            if not diff_hetero:
+                recipe.insert(0, (int(low[j % 5]), 0.5))
+            recipes.append(recipe)
+    out = []
+    pools = {"train": _class_pools(train_labels, rng), "test": _class_pools(test_labels, rng)}
+    for i, recipe in enumerate(recipes):
+        pair = []
+        for part, a in (("train", a_train), ("test", a_test)):
+            idx = [_draw(pools[part], c, int(m * a), f"perfedavg split, user {i}, {part} (a={a})") for c, m in recipe]
+            pair.append(np.sort(np.concatenate(idx)))
+        out.append((pair[0], pair[1]))
+    return out
+
+
+def acid(
+    train_labels: np.ndarray, test_labels: np.ndarray, num_clients: int, classes_per_client: int, rng: np.random.Generator
+) -> Split:
+    """ACID (Acar et al. 2021): each device gets ``classes_per_client`` classes and its train and test
+    samples are drawn without replacement from those classes, disjoint across devices. Classes are
+    dealt as in :func:`label_skew` (a seeded round-robin, so each class has the same number of
+    holders when n·k is a multiple of C) and each class's train and test pools are split evenly
+    among its holders.
+    """
+    classes = np.unique(np.concatenate([train_labels, test_labels]))
+    if classes_per_client > len(classes):
+        raise ValueError(f"classes_per_client={classes_per_client} exceeds the {len(classes)} classes")
+    order = rng.permutation(classes)
+    held = [
+        [int(order[(i * classes_per_client + j) % len(classes)]) for j in range(classes_per_client)]
+        for i in range(num_clients)
+    ]
+    split = []
+    for labels in (train_labels, test_labels):
+        parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+        for c in classes:
+            holders = [i for i in range(num_clients) if c in held[i]]
+            members = rng.permutation(np.flatnonzero(labels == c))
+            for i, chunk in zip(holders, np.array_split(members, len(holders)) if holders else []):
+                parts[i].append(chunk)
+        split.append([np.sort(np.concatenate(p)) if p else np.zeros(0, np.int64) for p in parts])
+    return list(zip(split[0], split[1]))
+
+
+def label_permutations(num_clients: int, num_classes: int, rng: np.random.Generator) -> np.ndarray:
+    """ALID's relabelling (Acar et al. 2021): row i is device i's permutation of the class indices;
+    device i sees label ``perm[i, y]`` where the pool says ``y``."""
+    return np.stack([rng.permutation(num_classes) for _ in range(num_clients)])
+
+
+def pfedme_mnist(
+    labels: np.ndarray,
+    num_clients: int,
+    labels_per_client: int,
+    min_samples: int,
+    max_samples: int,
+    rng: np.random.Generator,
+) -> list[np.ndarray]:
+    """pFedMe's MNIST split (Dinh et al. 2020, Sec. 5): over the pooled train and test images, user i
+    holds ``labels_per_client`` consecutive labels starting at (i·k) mod C, and a total size drawn
+    uniformly from [min_samples, max_samples], divided evenly between its labels. The caller splits
+    each user 75/25 into train and test (:func:`train_test_split`).
+    """
+    classes = np.unique(labels)
+    if labels_per_client > len(classes):
+        raise ValueError(f"labels_per_client={labels_per_client} exceeds the {len(classes)} classes")
+    pools = _class_pools(labels, rng)
+    out = []
+    for i in range(num_clients):
+        size = int(rng.integers(min_samples, max_samples + 1))
+        mine = [int(classes[(i * labels_per_client + j) % len(classes)]) for j in range(labels_per_client)]
+        counts = [len(c) for c in np.array_split(np.arange(size), labels_per_client)]
+        out.append(np.sort(np.concatenate([_draw(pools, c, k, f"pfedme_mnist split, user {i}") for c, k in zip(mine, counts)])))
+    return out
+
+
+def dirichlet_proportions(num_classes: int, num_clients: int, concentration: float, rng: np.random.Generator) -> np.ndarray:
+    """Row c: the share of class c's samples given to each client, drawn from Dir(concentration · 1_n)."""
+    return rng.dirichlet(np.full(num_clients, concentration), size=num_classes)
+
+
+def dirichlet(labels: np.ndarray, num_clients: int, concentration: float, rng: np.random.Generator) -> list[np.ndarray]:
+    """Label-distribution skew (Hsu et al. 2019): each class's shuffled samples are cut among the clients
+    in the proportions of a Dirichlet draw; small ``concentration`` = few classes per client."""
+    classes = np.unique(labels)
+    props = dirichlet_proportions(len(classes), num_clients, concentration, rng)
+    parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    for c, p in zip(classes, props):
+        members = rng.permutation(np.flatnonzero(labels == c))
+        cuts = np.round(np.cumsum(p)[:-1] * len(members)).astype(int)
+        for i, chunk in enumerate(np.split(members, cuts)):
+            parts[i].append(chunk)
+    return [np.sort(np.concatenate(p)) for p in parts]
+
+
+def shards(labels: np.ndarray, num_clients: int, shards_per_client: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """The pathological split of McMahan et al. 2017: samples sorted by label (ties in seeded order) are
+    cut into n·s equal shards, and each client receives s shards chosen at random."""
+    order = np.lexsort((rng.permutation(len(labels)), labels))
+    cut = np.array_split(order, num_clients * shards_per_client)
+    dealt = rng.permutation(len(cut)).reshape(num_clients, shards_per_client)
+    return [np.sort(np.concatenate([cut[s] for s in row])) for row in dealt]

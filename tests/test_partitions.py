@@ -1,0 +1,124 @@
+"""Each named split: its defining property, and the same seed giving the same split."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from fedsweep.data import partitions as P
+
+TRAIN = np.repeat(np.arange(10), 600)
+TEST = np.repeat(np.arange(10), 200)
+
+
+def rng(seed: int = 0) -> np.random.Generator:
+    return np.random.default_rng(seed)
+
+
+def same(a, b) -> bool:
+    flat = lambda s: [x for item in s for x in (item if isinstance(item, tuple) else (item,))]  # noqa: E731
+    return all(np.array_equal(x, y) for x, y in zip(flat(a), flat(b)))
+
+
+def disjoint(parts: list[np.ndarray]) -> bool:
+    flat = np.concatenate(parts)
+    return len(flat) == len(np.unique(flat))
+
+
+@pytest.mark.parametrize("diff_hetero", [False, True])
+def test_perfedavg_class_counts_per_user(diff_hetero):
+    a, a_test = 20, 6
+    split = P.perfedavg(TRAIN, TEST, 50, a, a_test, diff_hetero, rng())
+    lows, highs = [], []
+    for i, (tr, te) in enumerate(split):
+        for idx, labels, k in ((tr, TRAIN, a), (te, TEST, a_test)):
+            counts = Counter(labels[idx].tolist())
+            if i < 25:  # a images of each of classes 0-4
+                assert counts == {c: k for c in range(5)}
+            else:  # a/2 of one class in 0-4 (unless diff_hetero) and 2a of one class in 5-9
+                low = [c for c in counts if c < 5]
+                high = [c for c in counts if c >= 5]
+                assert len(high) == 1 and counts[high[0]] == 2 * k
+                if diff_hetero:
+                    assert low == []
+                else:
+                    assert len(low) == 1 and counts[low[0]] == k // 2
+        if i >= 25:
+            # the test part has the same classes as the train part
+            assert set(TRAIN[tr]) == set(TEST[te])
+            highs.append(int(max(TRAIN[tr])))
+            lows += [int(c) for c in set(TRAIN[tr]) if c < 5]
+    assert disjoint([tr for tr, _ in split]) and disjoint([te for _, te in split])
+    assert Counter(highs) == {c: 5 for c in range(5, 10)}  # the single classes are dealt evenly
+    assert not lows if diff_hetero else Counter(lows) == {c: 5 for c in range(5)}
+    assert same(split, P.perfedavg(TRAIN, TEST, 50, a, a_test, diff_hetero, rng()))
+    assert not same(split, P.perfedavg(TRAIN, TEST, 50, a, a_test, diff_hetero, rng(1)))
+
+
+def test_perfedavg_names_the_class_that_runs_out():
+    with pytest.raises(ValueError, match=r"perfedavg split, user \d+, train \(a=100\): class \d has \d+ samples left, 100 needed"):
+        P.perfedavg(TRAIN, TEST, 50, 100, 6, False, rng())
+
+
+def test_pfedme_mnist_two_labels_per_user_and_sizes_in_range():
+    pooled = np.concatenate([TRAIN, TEST])
+    parts = P.pfedme_mnist(pooled, 20, 2, 150, 300, rng())
+    assert len(parts) == 20
+    for i, p in enumerate(parts):
+        labels = pooled[p]
+        assert sorted(set(labels.tolist())) == sorted({(2 * i) % 10, (2 * i + 1) % 10})  # exactly 2 labels
+        assert 150 <= len(p) <= 300
+        counts = Counter(labels.tolist())
+        assert abs(counts[(2 * i) % 10] - counts[(2 * i + 1) % 10]) <= 1
+    assert disjoint(parts)
+    assert same(parts, P.pfedme_mnist(pooled, 20, 2, 150, 300, rng()))
+    assert not same(parts, P.pfedme_mnist(pooled, 20, 2, 150, 300, rng(1)))
+
+
+def test_acid_draws_without_replacement_from_each_devices_classes():
+    split = P.acid(TRAIN, TEST, 100, 5, rng())
+    for tr, te in split:
+        assert len(set(TRAIN[tr])) == 5 and set(TEST[te]) == set(TRAIN[tr])
+        assert len(tr) == 60 and len(te) == 20  # 600 / 50 holders × 5 classes; 200 / 50 × 5
+    assert disjoint([tr for tr, _ in split]) and disjoint([te for _, te in split])
+    assert sum(len(tr) for tr, _ in split) == len(TRAIN)  # every sample used once
+    assert same(split, P.acid(TRAIN, TEST, 100, 5, rng()))
+    assert not same(split, P.acid(TRAIN, TEST, 100, 5, rng(1)))
+
+
+def test_alid_is_a_permutation_per_device():
+    perms = P.label_permutations(100, 10, rng())
+    assert perms.shape == (100, 10)
+    assert all(sorted(p.tolist()) == list(range(10)) for p in perms)
+    assert len({tuple(p) for p in perms}) > 90  # devices relabel differently
+    assert np.array_equal(perms, P.label_permutations(100, 10, rng()))
+
+
+def test_dirichlet_proportions_sum_to_one_and_shape_the_split():
+    props = P.dirichlet_proportions(10, 8, 0.3, rng())
+    assert props.shape == (10, 8) and np.allclose(props.sum(axis=1), 1.0) and (props >= 0).all()
+    parts = P.dirichlet(TRAIN, 8, 0.3, rng())
+    assert disjoint(parts) and sum(map(len, parts)) == len(TRAIN)
+    # realised counts follow the drawn proportions (same rng stream: proportions are drawn first)
+    for c in range(10):
+        counts = np.array([np.sum(TRAIN[p] == c) for p in parts])
+        assert np.abs(counts - props[c] * 600).max() <= 1
+    # smaller concentration, more skew: fewer classes that make up 95% of a client
+    def classes_per_client(conc):
+        ps = P.dirichlet(TRAIN, 8, conc, rng(3))
+        return np.mean([np.sum(np.sort(np.bincount(TRAIN[p], minlength=10))[::-1].cumsum() < 0.95 * len(p)) + 1 for p in ps])
+    assert classes_per_client(0.1) < classes_per_client(100.0)
+    assert same(parts, P.dirichlet(TRAIN, 8, 0.3, rng()))
+
+
+def test_shards_are_equal_label_sorted_blocks():
+    parts = P.shards(TRAIN, 10, 2, rng())  # 20 shards of 300: each shard is half of one class
+    assert disjoint(parts)
+    for p in parts:
+        assert len(p) == 600
+        labels = Counter(TRAIN[p].tolist())
+        assert len(labels) <= 2 and all(v % 300 == 0 for v in labels.values())
+    assert same(parts, P.shards(TRAIN, 10, 2, rng()))
+    assert not same(parts, P.shards(TRAIN, 10, 2, rng(1)))

@@ -1,0 +1,95 @@
+"""`fedsweep table` on runs written to a real MLflow store by hand: the papers' metrics (best and worst
+device, rounds and transmissions to a target accuracy) and rows split by a parameter."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from fedsweep.cli import main
+from fedsweep.table import best_settings, ci95, load_runs, to_markdown
+from fedsweep.tracking import TAG_PREFIX, client, ensure_experiment
+
+
+def log_run(c, exp_id, algorithm, model, lr, seed, accs, per_round_tx=20):
+    """A finished trial: accuracy per evaluation round (every 10 rounds), transmissions growing per round."""
+    tags = {f"{TAG_PREFIX}algorithm": algorithm, f"{TAG_PREFIX}setting": f"{algorithm}|{model}|{lr}",
+            f"{TAG_PREFIX}setting_label": f"lr={lr}", f"{TAG_PREFIX}seed": str(seed)}
+    run = c.create_run(exp_id, tags=tags).info.run_id
+    c.log_param(run, "model.name", model)
+    c.log_param(run, "algorithm.local_lr", str(lr))
+    for i, acc in enumerate(accs):
+        rnd = 10 * i
+        c.log_metric(run, "personalized_accuracy_mean", acc, step=rnd)
+        c.log_metric(run, "personalized_accuracy_worst", acc - 0.2, step=rnd)
+        c.log_metric(run, "personalized_accuracy_best", acc + 0.1, step=rnd)
+        c.log_metric(run, "global_accuracy", acc - 0.05, step=rnd)
+        c.log_metric(run, "transmissions", per_round_tx * rnd, step=rnd)
+    c.set_terminated(run, "FINISHED")
+    return run
+
+
+@pytest.fixture
+def store(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    c = client(uri)
+    exp = ensure_experiment(uri, "table-test")
+    # fedavg: lr 0.1 is the better setting; its seeds reach 0.8 at rounds 20, 30 and never.
+    for seed, accs in enumerate([[0.1, 0.5, 0.8, 0.85], [0.1, 0.5, 0.7, 0.82], [0.1, 0.4, 0.6, 0.7]]):
+        log_run(c, exp, "fedavg", "mlr", 0.1, seed, accs)
+        log_run(c, exp, "fedavg", "mlr", 0.01, seed, [0.1, 0.2, 0.3, 0.4])
+    # pfldyn on two models: mlp reaches 0.8 at round 10, mlr at round 30.
+    for seed in range(3):
+        log_run(c, exp, "pfldyn", "mlp", 0.1, seed, [0.2, 0.81, 0.9, 0.9], per_round_tx=40)
+        log_run(c, exp, "pfldyn", "mlr", 0.1, seed, [0.2, 0.5, 0.7, 0.8], per_round_tx=40)
+    return uri
+
+
+def test_best_and_worst_device_and_rounds_to_target(store):
+    runs, _ = load_runs(store, "table-test", target_accuracy=0.8)
+    table = best_settings(runs, "personalized_accuracy_mean", "max").set_index("algorithm")
+    fed = table.loc["fedavg"]
+    assert fed["best setting"] == "lr=0.1" and fed["seeds"] == 3
+    finals = np.array([0.85, 0.82, 0.7])
+    assert fed["personalized_accuracy_mean mean"] == pytest.approx(finals.mean())
+    assert fed["personalized_accuracy_mean ci95"] == pytest.approx(ci95(finals))
+    assert fed["personalized_accuracy_worst mean"] == pytest.approx(finals.mean() - 0.2)
+    assert fed["personalized_accuracy_best mean"] == pytest.approx(finals.mean() + 0.1)
+    # two of three seeds reached 0.8: at rounds 20 and 30, after 400 and 600 transmissions
+    assert fed["seeds reaching target"] == "2/3"
+    assert fed["rounds_to_target mean"] == pytest.approx(25.0)
+    assert fed["transmissions_to_target mean"] == pytest.approx(500.0)
+    assert fed["rounds_to_target ci95"] == pytest.approx(ci95(np.array([20.0, 30.0])))
+    text = to_markdown(table.reset_index())
+    assert "seeds reaching target" in text and "| 2/3 |" in text
+
+
+def test_target_never_reached_is_reported_not_hidden(store):
+    runs, _ = load_runs(store, "table-test", target_accuracy=0.95)
+    table = best_settings(runs, "personalized_accuracy_mean").set_index("algorithm")
+    assert table.loc["fedavg", "seeds reaching target"] == "0/3"
+    assert math.isnan(table.loc["fedavg", "rounds_to_target mean"])
+    assert "not reached" in to_markdown(table.reset_index())
+
+
+def test_rows_split_by_a_parameter(store):
+    runs, _ = load_runs(store, "table-test", target_accuracy=0.8)
+    table = best_settings(runs, "personalized_accuracy_mean", group_by=["model.name"]).set_index("algorithm")
+    assert list(table.index) == ["fedavg (model.name=mlr)", "pfldyn (model.name=mlp)", "pfldyn (model.name=mlr)"]
+    assert table.loc["pfldyn (model.name=mlp)", "rounds_to_target mean"] == 10.0
+    assert table.loc["pfldyn (model.name=mlp)", "transmissions_to_target mean"] == 400.0
+    assert table.loc["pfldyn (model.name=mlr)", "rounds_to_target mean"] == 30.0
+    with pytest.raises(KeyError, match="not logged"):
+        best_settings(runs, "personalized_accuracy_mean", group_by=["model.nope"])
+
+
+def test_table_cli_target_and_group_by(store, capsys):
+    assert main(["table", "--experiment", "table-test", "--tracking-uri", store, "--target-accuracy", "0.8",
+                 "--group-by", "model.name"]) == 0
+    out = capsys.readouterr().out
+    assert "| pfldyn (model.name=mlp) | lr=0.1 | 1 | 3 |" in out and "rounds_to_target" in out
+    assert main(["table", "--experiment", "table-test", "--tracking-uri", store, "--target-accuracy", "87.6"]) == 2
+    assert "--target-accuracy: 87.6 is outside (0, 1]" in capsys.readouterr().err
+    assert main(["table", "--experiment", "table-test", "--tracking-uri", store, "--group-by", "nope"]) == 2

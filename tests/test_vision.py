@@ -1,0 +1,176 @@
+"""MNIST and CIFAR loaders on tiny files that the tests write in the real on-disk formats (IDX, gzipped or
+not; CIFAR's pickled "python version" batches with byte-string keys), read through the real code path."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import pickle
+import struct
+
+import numpy as np
+import pytest
+import torch
+
+from fedsweep.config import ConfigError, validate
+from fedsweep.data import ImageConfig, build_federated_dataset, vision
+from fedsweep.federation import run_local
+from tests.conftest import config_dict
+
+
+def write_idx(path, array: np.ndarray, gz: bool) -> None:
+    header = struct.pack(">BBBB", 0, 0, 0x08, array.ndim) + b"".join(struct.pack(">I", d) for d in array.shape)
+    raw = header + array.astype(np.uint8).tobytes()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if gz:
+        path.with_name(path.name + ".gz").write_bytes(gzip.compress(raw))
+    else:
+        path.write_bytes(raw)
+
+
+def make_mnist(root, per_class_train=12, per_class_test=4, seed=0):
+    rng = np.random.default_rng(seed)
+    out = {}
+    for split, per, gz in (("train", per_class_train, True), ("t10k", per_class_test, False)):
+        y = np.repeat(np.arange(10), per).astype(np.uint8)
+        x = rng.integers(0, 256, size=(len(y), 28, 28), dtype=np.uint8)
+        write_idx(root / "MNIST/raw" / f"{split}-images-idx3-ubyte", x, gz)
+        write_idx(root / "MNIST/raw" / f"{split}-labels-idx1-ubyte", y, gz)
+        out[split] = (x, y)
+    return out
+
+
+def write_cifar_batch(path, x: np.ndarray, labels: list[int], label_key: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    batch = {b"batch_label": b"test batch", label_key: labels, b"data": x, b"filenames": [b"f"] * len(labels)}
+    path.write_bytes(pickle.dumps(batch, protocol=2))
+
+
+def make_cifar10(root, per_batch=20, seed=0):
+    rng = np.random.default_rng(seed)
+    xs, ys = [], []
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        y = [int(v) for v in np.tile(np.arange(10), per_batch // 10)]
+        x = rng.integers(0, 256, size=(per_batch, 3072), dtype=np.uint8)
+        write_cifar_batch(root / "cifar-10-batches-py" / name, x, y, b"labels")
+        xs.append(x)
+        ys.append(y)
+    return np.concatenate(xs[:5]), np.concatenate(ys[:5]), xs[5], np.array(ys[5])
+
+
+def test_idx_reader_plain_and_gzipped(tmp_path):
+    data = make_mnist(tmp_path)
+    raw = tmp_path / "MNIST/raw"
+    assert np.array_equal(vision.read_idx(raw / "train-images-idx3-ubyte.gz"), data["train"][0])
+    assert np.array_equal(vision.read_idx(raw / "t10k-labels-idx1-ubyte"), data["t10k"][1])
+    (tmp_path / "bad").write_bytes(b"\x12\x34\x08\x01junk")
+    with pytest.raises(ValueError, match="not an IDX file"):
+        vision.read_idx(tmp_path / "bad")
+
+
+def test_mnist_loads_through_the_dataset_config(tmp_path):
+    data = make_mnist(tmp_path)
+    x_tr, y_tr, x_te, y_te = vision.load("mnist", tmp_path)
+    assert x_tr.shape == (120, 784) and x_te.shape == (40, 784) and x_tr.dtype == np.float32
+    assert np.allclose(x_tr, data["train"][0].reshape(120, -1) / 255.0)
+    assert np.array_equal(y_te, data["t10k"][1])
+    cfg = ImageConfig(dataset="mnist", root=str(tmp_path), num_clients=5, partition={"name": "acid", "classes_per_client": 2})
+    ds = build_federated_dataset(cfg)
+    assert (ds.num_features, ds.num_classes, len(ds.clients)) == (784, 10, 5)
+    for c in ds.clients:
+        assert len(set(c.y_train.tolist())) == 2 and set(c.y_test.tolist()) == set(c.y_train.tolist())
+        # every image is one of the written images, scaled to [0, 1]
+        assert float(c.x_train.max()) <= 1.0 and c.x_train.shape[1] == 784
+
+
+def test_perfedavg_split_on_mnist_files(tmp_path):
+    make_mnist(tmp_path, per_class_train=40, per_class_test=12)
+    cfg = ImageConfig(dataset="mnist", root=str(tmp_path), num_clients=4,
+                      partition={"name": "perfedavg", "a": 4, "test_images_per_class": 2})
+    ds = build_federated_dataset(cfg)
+    for i, c in enumerate(ds.clients):
+        counts = torch.bincount(c.y_train, minlength=10)
+        if i < 2:
+            assert counts[:5].tolist() == [4] * 5 and counts[5:].sum() == 0
+            assert torch.bincount(c.y_test, minlength=10)[:5].tolist() == [2] * 5
+        else:
+            assert sorted(counts[counts > 0].tolist()) == [2, 8]
+
+
+def test_cifar10_batches_and_alid_relabelling(tmp_path):
+    x_tr, y_tr, x_te, y_te = make_cifar10(tmp_path)
+    a, b, c, d = vision.load("cifar10", tmp_path)
+    assert a.shape == (100, 3072) and np.allclose(a, x_tr / 255.0) and np.array_equal(b, y_tr)
+    assert np.allclose(c, x_te / 255.0) and np.array_equal(d, y_te)
+    acid = build_federated_dataset(ImageConfig(dataset="cifar10", root=str(tmp_path), num_clients=4,
+                                               partition={"name": "acid", "classes_per_client": 5}, seed=3))
+    alid = build_federated_dataset(ImageConfig(dataset="cifar10", root=str(tmp_path), num_clients=4,
+                                               partition={"name": "alid", "classes_per_client": 5}, seed=3))
+    relabelled = 0
+    for p, q in zip(acid.clients, alid.clients):
+        assert torch.equal(p.x_train, q.x_train) and torch.equal(p.x_test, q.x_test)  # same samples
+        # one permutation per device, applied to its train and test labels alike
+        mapping = {}
+        for y0, y1 in zip(torch.cat([p.y_train, p.y_test]).tolist(), torch.cat([q.y_train, q.y_test]).tolist()):
+            assert mapping.setdefault(y0, y1) == y1
+        assert len(set(mapping.values())) == len(mapping)
+        relabelled += any(k != v for k, v in mapping.items())
+    assert relabelled >= 3
+
+
+def test_cifar100_fine_labels(tmp_path):
+    rng = np.random.default_rng(0)
+    for name, n in (("train", 200), ("test", 100)):
+        write_cifar_batch(tmp_path / "cifar-100-python" / name, rng.integers(0, 256, (n, 3072), dtype=np.uint8),
+                          [i % 100 for i in range(n)], b"fine_labels")
+    ds = build_federated_dataset(ImageConfig(dataset="cifar100", root=str(tmp_path), num_clients=3))
+    assert (ds.num_classes, ds.num_features) == (100, 3072)
+    assert sum(c.num_train + c.num_test for c in ds.clients) == 300
+
+
+def test_missing_files_name_the_expected_files(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDSWEEP_DATA_DIR", str(tmp_path))
+    with pytest.raises(FileNotFoundError) as e:
+        build_federated_dataset(ImageConfig(dataset="cifar10"))
+    msg = str(e.value)
+    assert f"cifar10 files not found under {tmp_path}" in msg
+    assert "cifar-10-batches-py/data_batch_1" in msg and "cifar-10-batches-py/test_batch" in msg
+    assert "FEDSWEEP_DATA_DIR" in msg
+
+
+def test_a_pickle_that_names_anything_but_arrays_is_refused(tmp_path):
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("echo pwned",))
+
+    folder = tmp_path / "cifar-100-python"
+    folder.mkdir()
+    (folder / "train").write_bytes(pickle.dumps({b"data": Evil()}, protocol=2))
+    with pytest.raises(pickle.UnpicklingError, match="refusing to load posix.system"):
+        vision.read_cifar_batch(folder / "train")
+
+
+def test_cnn_trains_on_the_cifar_files(tmp_path):
+    make_cifar10(tmp_path)
+    raw = config_dict(
+        data={"_replace": True, "dataset": "cifar10", "root": str(tmp_path), "num_clients": 4,
+              "partition": {"name": "acid", "classes_per_client": 3}},
+        model={"_replace": True, "name": "cnn", "channels": [4, 4], "hidden": [16]},
+        algorithm={"local_steps": 2, "batch_size": 8},
+        rounds=2,
+        eval_every=1,
+    )
+    history, server = run_local(validate(raw))
+    assert len(history) == 3 and torch.isfinite(server.params).all()
+    assert 0.0 <= history[-1]["personalized_accuracy_mean"] <= 1.0
+
+
+def test_image_config_errors_name_the_field():
+    with pytest.raises(ConfigError, match="exceeds the 10 classes of cifar10"):
+        validate(config_dict(data={"_replace": True, "dataset": "cifar10", "partition": {"name": "acid", "classes_per_client": 11}}))
+    with pytest.raises(ConfigError, match="perfedavg needs classes 0-9"):
+        validate(config_dict(data={"_replace": True, "dataset": "cifar100", "partition": {"name": "perfedavg"}}))
+    with pytest.raises(ConfigError, match=r"data\.partition\.name"):
+        validate(config_dict(data={"_replace": True, "dataset": "mnist", "partition": {"name": "bogus"}}))
+    with pytest.raises(ConfigError, match="model.kernel_size=5 is too large"):
+        validate(config_dict(model={"_replace": True, "name": "cnn"}))
