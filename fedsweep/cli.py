@@ -93,12 +93,15 @@ def cmd_table(args) -> int:
     from fedsweep.table import best_settings, load_runs, to_markdown
     from fedsweep.tracking import resolve_tracking_uri
 
+    if args.last_evaluations < 1:
+        print(f"error: --last-evaluations: {args.last_evaluations}; allowed: an integer >= 1", file=sys.stderr)
+        return EXIT_BAD_INPUT
     if args.target_accuracy is not None and not 0 < args.target_accuracy <= 1:
         print(f"error: --target-accuracy: {args.target_accuracy} is outside (0, 1]; give a fraction, e.g. 0.876", file=sys.stderr)
         return EXIT_BAD_INPUT
     uri = resolve_tracking_uri(args.tracking_uri)
     try:
-        runs, sweep_tags = load_runs(uri, args.experiment, args.sweep_run, args.target_accuracy)
+        runs, sweep_tags = load_runs(uri, args.experiment, args.sweep_run, args.target_accuracy, args.last_evaluations)
     except LookupError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -173,6 +176,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--format", choices=["markdown", "csv", "parquet"], default="markdown")
     s.add_argument("--output", default=None, help="file to write (required for csv and parquet)")
     s.add_argument("--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")
+    s.add_argument(
+        "--last-evaluations", type=int, default=1, metavar="N",
+        help="report each run's mean over its last N evaluation rounds (default 1: the final round)",
+    )
     s.add_argument(
         "--target-accuracy", type=float, default=None, metavar="ACC",
         help="also report the round and the model transmissions at which personalized_accuracy_mean first "

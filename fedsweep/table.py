@@ -40,11 +40,24 @@ def to_target(c, run_id: str, target: float, metric: str = "personalized_accurac
     return float(reached[0]), float(sent.get(reached[0], math.nan))
 
 
+def last_evaluations_mean(c, run_id: str, metric: str, count: int) -> float:
+    """Mean of ``metric`` over its last ``count`` logged evaluation rounds."""
+    history = sorted(c.get_metric_history(run_id, metric), key=lambda m: m.step)
+    return float(np.mean([m.value for m in history[-count:]])) if history else math.nan
+
+
 def load_runs(
-    uri: str, experiment: str, sweep_run_id: str | None = None, target_accuracy: float | None = None
+    uri: str,
+    experiment: str,
+    sweep_run_id: str | None = None,
+    target_accuracy: float | None = None,
+    last_evaluations: int = 1,
 ) -> tuple[pd.DataFrame, dict]:
     """Finished trial runs of ``experiment`` (of one sweep if ``sweep_run_id``), and the sweep's tags.
-    With ``target_accuracy``, each run also gets the :data:`TARGET_COLUMNS` from its metric history."""
+    With ``target_accuracy``, each run also gets the :data:`TARGET_COLUMNS` from its metric history;
+    with ``last_evaluations`` > 1, the :data:`REPORTED` metrics are each run's mean over its last
+    ``last_evaluations`` evaluation rounds instead of the final one (as papers that average the last
+    rounds report)."""
     c = client(uri)
     exp = c.get_experiment_by_name(experiment)
     if exp is None:
@@ -82,6 +95,10 @@ def load_runs(
         )
         if target_accuracy is not None:
             rows[-1].update(zip(TARGET_COLUMNS, to_target(c, r.info.run_id, target_accuracy)))
+        if last_evaluations > 1:
+            for key in REPORTED:
+                if key in r.data.metrics:
+                    rows[-1][key] = last_evaluations_mean(c, r.info.run_id, key, last_evaluations)
     return pd.DataFrame(rows), sweep_tags
 
 

@@ -93,3 +93,14 @@ def test_table_cli_target_and_group_by(store, capsys):
     assert main(["table", "--experiment", "table-test", "--tracking-uri", store, "--target-accuracy", "87.6"]) == 2
     assert "--target-accuracy: 87.6 is outside (0, 1]" in capsys.readouterr().err
     assert main(["table", "--experiment", "table-test", "--tracking-uri", store, "--group-by", "nope"]) == 2
+
+
+def test_mean_over_the_last_evaluations(store, capsys):
+    runs, _ = load_runs(store, "table-test", last_evaluations=2)
+    table = best_settings(runs, "personalized_accuracy_mean").set_index("algorithm")
+    # fedavg lr 0.1: per seed the mean of its last two evaluations, then mean over seeds
+    per_seed = np.array([(0.8 + 0.85) / 2, (0.7 + 0.82) / 2, (0.6 + 0.7) / 2])
+    assert table.loc["fedavg", "personalized_accuracy_mean mean"] == pytest.approx(per_seed.mean())
+    assert table.loc["fedavg", "personalized_accuracy_worst mean"] == pytest.approx(per_seed.mean() - 0.2)
+    assert main(["table", "--experiment", "table-test", "--tracking-uri", store, "--last-evaluations", "0"]) == 2
+    assert "--last-evaluations: 0" in capsys.readouterr().err

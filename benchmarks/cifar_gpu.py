@@ -1,0 +1,121 @@
+"""CIFAR-10 on GPU slices: rounds per second and GPU utilisation of a PFL-style CIFAR-10 experiment
+(ACID 5 classes, 100 devices, 10% per round, the PFL CNN, τ = 20, batch 50), on CPU actors and on
+ClientActors holding a tenth of a GPU, measured in the same run.
+
+    python benchmarks/cifar_gpu.py --data-dir DIR      # DIR holds cifar-10-batches-py/
+    python benchmarks/cifar_gpu.py                      # stand-in files of CIFAR-10's size and format
+
+Without ``--data-dir`` the images are random bytes in CIFAR-10's exact files and shapes: the timings
+are those of the real workload, the accuracies mean nothing and are not printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+import ray  # noqa: E402
+import torch  # noqa: E402
+
+from fedsweep.config import validate  # noqa: E402
+from fedsweep.experiment import ExperimentRunner  # noqa: E402
+
+
+def stand_in_cifar10(root: Path) -> None:
+    rng = np.random.default_rng(0)
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        labels = [c for c in range(10) for _ in range(1000)]
+        batch = {b"labels": labels, b"data": rng.integers(0, 256, (10000, 3072), dtype=np.uint8)}
+        (folder / name).write_bytes(pickle.dumps(batch, protocol=2))
+
+
+class GPUSampler(threading.Thread):
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.samples: list[tuple[float, float]] = []
+        self.stop = threading.Event()
+
+    def run(self):
+        while not self.stop.is_set():
+            out = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits"],
+                                 capture_output=True, text=True).stdout.split(",")
+            self.samples.append((float(out[0]), float(out[1])))
+            time.sleep(0.2)
+
+
+def run(root: Path, rounds: int, cpus: float, gpus: float, k: int) -> dict:
+    cfg = validate({
+        "name": "cifar-gpu", "seed": 0,
+        "data": {"dataset": "cifar10", "root": str(root), "num_clients": 100,
+                 "partition": {"name": "acid", "classes_per_client": 5}},
+        "model": {"name": "cnn"},
+        "algorithm": {"name": "pfldyn", "transform": "maml", "alpha": 0.01, "beta": 0.1, "lambda": 0.01,
+                      "r": 0.1, "tau": 20, "batch_size": 50},
+        "rounds": rounds, "eval_every": rounds,
+        "resources": {"server_cpus": 1, "client_cpus": cpus, "client_gpus": gpus, "clients_per_actor": k},
+    }, "cifar_gpu")
+    runner = ExperimentRunner(cfg)
+    sampler = GPUSampler() if gpus else None
+    try:
+        runner.start()
+        rnds = runner.rounds()
+        next(rnds)  # round 0 evaluation
+        if sampler:
+            sampler.start()
+        t0 = time.perf_counter()
+        for rnd in range(1, rounds):  # the training rounds; the last round (with its evaluation) apart
+            next(rnds)
+        train_s = time.perf_counter() - t0
+        if sampler:
+            sampler.stop.set()
+        last = next(rnds)
+    finally:
+        runner.stop()
+    util = [u for u, _ in sampler.samples] if sampler else []
+    return {"rounds_per_s": (rounds - 1) / train_s, "devices": sorted({i["device"] for i in runner.clients_info}),
+            "gpu_util_mean": float(np.mean(util)) if util else None, "gpu_util_max": max(util) if util else None,
+            "gpu_mem_mb": max(m for _, m in sampler.samples) if sampler else None, "final": last}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data-dir", default=None)
+    ap.add_argument("--rounds", type=int, default=11)
+    ap.add_argument("--clients-per-actor", type=int, default=10)
+    args = ap.parse_args()
+    root = Path(args.data_dir) if args.data_dir else Path(tempfile.mkdtemp()) / "data"
+    if not args.data_dir:
+        stand_in_cifar10(root)
+    gpus = torch.cuda.device_count()
+    ray.init(num_cpus=os.cpu_count(), num_gpus=gpus, include_dashboard=False, log_to_driver=False)
+    actors = 100 // args.clients_per_actor
+    print(f"{torch.cuda.get_device_name(0) if gpus else 'no GPU'}, {os.cpu_count()} CPUs; 100 clients in {actors} "
+          f"actors; {'real' if args.data_dir else 'stand-in'} CIFAR-10 files", flush=True)
+    cpu_share = round((os.cpu_count() - 1) / actors, 2)
+    cpu = run(root, args.rounds, cpu_share, 0.0, args.clients_per_actor)
+    print(f"CPU actors ({cpu_share} CPU each): {cpu['rounds_per_s']:.3f} rounds/s, devices {cpu['devices']}", flush=True)
+    if gpus:
+        gpu = run(root, args.rounds, 1.0, round(1.0 / actors, 3), args.clients_per_actor)
+        print(f"GPU actors ({1 / actors:.3f} GPU each): {gpu['rounds_per_s']:.3f} rounds/s, devices {gpu['devices']}, "
+              f"GPU utilisation mean {gpu['gpu_util_mean']:.0f}% max {gpu['gpu_util_max']:.0f}%, memory {gpu['gpu_mem_mb']:.0f} MB")
+        print(f"GPU/CPU rounds-per-second: {gpu['rounds_per_s'] / cpu['rounds_per_s']:.2f}")
+        if args.data_dir:
+            print("final personalized accuracy: CPU", cpu["final"]["personalized_accuracy_mean"],
+                  "GPU", gpu["final"]["personalized_accuracy_mean"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
