@@ -16,6 +16,7 @@ import itertools
 import json
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args
@@ -267,10 +268,13 @@ def _is_grid(node: Any) -> bool:
     return isinstance(node, dict) and "grid" in node
 
 
-def _expand(node: Any, path: tuple, problems: list[str]) -> list[tuple[Any, dict[str, Any]]]:
-    """All concrete values of ``node`` with the grid choices (dotted path → value) that produce each."""
+def _expand(
+    node: Any, path: tuple, problems: list[str], locate: Callable[[tuple], str] = lambda path: ""
+) -> list[tuple[Any, dict[str, Any]]]:
+    """All concrete values of ``node`` with the grid choices (dotted path → value) that produce each.
+    ``locate(path)`` prefixes a problem with where it is in the file."""
     if _is_grid(node):
-        where = ".".join(map(str, path)) or "<top level>"
+        where = locate(path) + (".".join(map(str, path)) or "<top level>")
         extra = sorted(set(node) - {"grid"})
         if extra:
             problems.append(f"{where}: a grid takes only the key 'grid', found also {extra}")
@@ -281,13 +285,13 @@ def _expand(node: Any, path: tuple, problems: list[str]) -> list[tuple[Any, dict
             return [(None, {})]
         out = []
         for choice in choices:
-            for value, sub in _expand(choice, path, problems):
+            for value, sub in _expand(choice, path, problems, locate):
                 picked = flatten(value, ".".join(map(str, path)) + ".") if isinstance(value, dict) else {".".join(map(str, path)): value}
                 out.append((value, {**picked, **sub}))
         return out
     if isinstance(node, dict):
         keys = list(node)
-        options = [_expand(node[k], path + (k,), problems) for k in keys]
+        options = [_expand(node[k], path + (k,), problems, locate) for k in keys]
         out = []
         for combo in itertools.product(*options):
             value = {k: v for k, (v, _) in zip(keys, combo)}
@@ -538,7 +542,7 @@ def load_sweep(path: str | Path, check_cluster: bool = True) -> Sweep:
                 f"{file}:{lines.get(tuple(path.split('.')), '?')}: {path}: one value serves the whole sweep and cannot be "
                 f"a grid (sweep-wide fields: {', '.join(SWEEP_WIDE)})"
             )
-    expanded = _expand(body, (), problems)
+    expanded = _expand(body, (), problems, lambda at: f"{file}:{lines.get(at, '?')}: ")
     if problems:
         raise ConfigError(problems)
     seeds = settings.seeds if settings and settings.seeds else [None]
