@@ -23,11 +23,30 @@ class RayPool:
     ``hosts[a]`` lists the client ids actor ``a`` holds. A round makes one call per actor that
     holds a sampled client; replies come back in the order of ``client_ids``, so aggregation
     sums in the same order as in-process (identical numbers, whatever the packing).
+
+    Faults: an actor that dies during a call, or has not answered within ``timeout_s``, is left
+    out of that call's replies (its clients are missing from the returned list); Ray restarts a
+    dead actor for the next rounds when its ``max_restarts`` allows.
     """
 
-    def __init__(self, actors: list, hosts: list[list[int]]):
+    def __init__(self, actors: list, hosts: list[list[int]], timeout_s: float | None = None):
         self.actors = actors
         self.actor_of = {c: a for a, ids in enumerate(hosts) for c in ids}
+        self.timeout_s = timeout_s
+
+    def _gather(self, calls: dict[int, ray.ObjectRef]) -> dict[int, list]:
+        """Replies by actor, of the calls that returned within the timeout without their actor dying."""
+        refs = list(calls.values())
+        ready = set(ray.wait(refs, num_returns=len(refs), timeout=self.timeout_s)[0])
+        replies = {}
+        for a, ref in calls.items():
+            if ref not in ready:
+                continue  # a straggler: its late reply is never read
+            try:
+                replies[a] = ray.get(ref)
+            except ray.exceptions.RayActorError:
+                continue  # the actor's process died during the call
+        return replies
 
     def _by_actor(self, client_ids: list[int]) -> dict[int, list[int]]:
         groups: dict[int, list[int]] = {}
@@ -38,13 +57,18 @@ class RayPool:
     def train(self, client_ids: list[int], payload: Payload, rnd: int) -> list[ClientMessage]:
         ref = ray.put(payload)  # one object per round, read by every actor
         groups = self._by_actor(client_ids)
-        replies = ray.get([self.actors[a].train.remote(ref, rnd, ids) for a, ids in groups.items()])
-        by_client = {m.client_id: m for msgs in replies for m in msgs}
-        return [by_client[c] for c in client_ids]
+        replies = self._gather({a: self.actors[a].train.remote(ref, rnd, ids) for a, ids in groups.items()})
+        by_client = {m.client_id: m for msgs in replies.values() for m in msgs}
+        return [by_client[c] for c in client_ids if c in by_client]
 
     def evaluate(self, payload: Payload, rnd: int) -> list[ClientEval]:
         ref = ray.put(payload)
-        return [e for evals in ray.get([a.evaluate.remote(ref, rnd) for a in self.actors]) for e in evals]
+        replies = self._gather({a: actor.evaluate.remote(ref, rnd) for a, actor in enumerate(self.actors)})
+        # Evaluation changes no state, so the actors that failed it are asked once more (a restarted
+        # actor answers this time); training is never repeated within a round.
+        missing = [a for a in range(len(self.actors)) if a not in replies]
+        replies.update(self._gather({a: self.actors[a].evaluate.remote(ref, rnd) for a in missing}) if missing else {})
+        return [e for a in sorted(replies) for e in replies[a]]
 
     def states(self, client_ids: list[int]) -> list:
         groups = self._by_actor(client_ids)
@@ -62,17 +86,22 @@ class ServerActor:
         self.server = Server(cfg, dataset.num_features, dataset.num_classes)
         r = cfg.resources
         actors, hosts = [], []
+        self.shard_refs: list[ray.ObjectRef] = []
         for a in range(r.num_client_actors(cfg.num_clients)):
             ids = r.clients_of_actor(a, cfg.num_clients)
-            options: dict = {"num_cpus": r.client_cpus, "num_gpus": r.client_gpus}
+            options: dict = {"num_cpus": r.client_cpus, "num_gpus": r.client_gpus, "max_restarts": r.client_max_restarts}
             if placement_group is not None:
                 options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                     placement_group, placement_group_bundle_index=first_client_bundle + a
                 )
-            shards = {i: dataset.clients[i] for i in ids}
-            actors.append(ClientActor.options(**options).remote(shards, cfg, dataset.num_features, dataset.num_classes))
+            # Held by this actor for its lifetime: Ray re-runs a restarted ClientActor's constructor with
+            # these arguments, which must then still be in the object store.
+            self.shard_refs.append(ray.put({i: dataset.clients[i] for i in ids}))
+            actors.append(
+                ClientActor.options(**options).remote(self.shard_refs[-1], cfg, dataset.num_features, dataset.num_classes)
+            )
             hosts.append(ids)
-        self.pool = RayPool(actors, hosts)
+        self.pool = RayPool(actors, hosts, r.round_timeout_s)
 
     def clients_info(self) -> list[dict]:
         """Blocks until every client actor is constructed."""

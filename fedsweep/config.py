@@ -68,6 +68,19 @@ class ResourcesConfig(StrictModel):
     ray_address: str | None = Field(
         None, description="Address of a running Ray cluster ('auto' or host:port); null = $RAY_ADDRESS or a local instance."
     )
+    client_max_restarts: int = Field(
+        1,
+        ge=-1,
+        description="Times Ray restarts a ClientActor whose process died (-1 = always). A restarted actor "
+        "reloads its clients' shards; their algorithm states start afresh. The round it died in aggregates "
+        "the clients that answered.",
+    )
+    round_timeout_s: float | None = Field(
+        None,
+        gt=0,
+        description="Seconds a round (and an evaluation) waits for client replies; clients that have not "
+        "answered by then are left out of it and counted in clients_dropped. null = wait for every client.",
+    )
     actor_memory_mb: float = Field(
         300, gt=0, description="Resident memory one actor process costs (torch loaded); used to check the plan fits."
     )

@@ -123,7 +123,12 @@ class Server:
         return to_numpy(self.algorithm.server_payload(self.params, self.state))
 
     def train_round(self, pool: ClientPool, rnd: int) -> dict[str, float]:
-        """One round: sample, broadcast, local training, aggregation. Messages are used in client-id order."""
+        """One round: sample, broadcast, local training, aggregation. Messages are used in client-id order.
+
+        A pool may return fewer replies than clients asked (a client lost or too slow): the round
+        aggregates the sampled clients that answered, counts the rest in ``clients_dropped``, and
+        leaves the global model as it was when none answered.
+        """
         sampled = self.sample(rnd)
         trained = list(range(self.cfg.num_clients)) if self.algorithm.trains_all_clients else sampled
         replies = sorted(pool.train(trained, self.payload(), rnd), key=lambda m: m.client_id)
@@ -131,7 +136,8 @@ class Server:
         messages = [m for m in replies if m.client_id in chosen]
         for m in messages:
             m.payload = {k: torch.from_numpy(np.array(v)) for k, v in m.payload.items()}
-        self.params, self.state = self.algorithm.server_update(self.params, messages, self.state, self.cfg.num_clients)
+        if messages:
+            self.params, self.state = self.algorithm.server_update(self.params, messages, self.state, self.cfg.num_clients)
         per_message = self.algorithm.transmissions_per_message
         self.downloads += per_message * len(trained)
         self.uploads += per_message * len(messages)
@@ -139,12 +145,16 @@ class Server:
         return {
             "clients_sampled": float(len(sampled)),
             "clients_answered": float(len(messages)),
+            "clients_dropped": float(len(trained) - len(replies)),
             "local_train_loss": float(np.mean(losses)) if losses else math.nan,
         }
 
     def evaluate(self, pool: ClientPool, rnd: int) -> dict[str, float]:
-        self.last_evals = sorted(pool.evaluate(self.payload(), rnd), key=lambda e: e.client_id)
-        return summarize(self.last_evals)
+        """Summary over the clients that answered; ``clients_evaluated`` says how many did."""
+        evals = sorted(pool.evaluate(self.payload(), rnd), key=lambda e: e.client_id)
+        if evals:
+            self.last_evals = evals
+        return {**(summarize(evals) if evals else {}), "clients_evaluated": float(len(evals))}
 
     def step(self, pool: ClientPool, rnd: int) -> dict[str, float]:
         """Round ``rnd`` (0 = evaluation of the initial model only) and, on the cadence, evaluation.

@@ -40,6 +40,9 @@ def client(uri: str):
     return MlflowClient(tracking_uri=uri)
 
 
+EXPERIMENT_KIND = "mlflow.experimentKind"
+
+
 def ensure_experiment(uri: str, name: str) -> str:
     """The id of experiment ``name``, created if missing (local stores keep artifacts in ./mlartifacts)."""
     c = client(uri)
@@ -50,7 +53,8 @@ def ensure_experiment(uri: str, name: str) -> str:
     if uri.startswith("sqlite:") or uri.startswith("file:"):
         artifact_location = (Path.cwd() / "mlartifacts").resolve().as_uri()
     try:
-        return c.create_experiment(name, artifact_location=artifact_location)
+        # the kind tag tells the MLflow UI (3.x) these are model-training runs, not GenAI traces
+        return c.create_experiment(name, artifact_location=artifact_location, tags={EXPERIMENT_KIND: "custom_model_development"})
     except Exception:  # created concurrently by another process
         exp = c.get_experiment_by_name(name)
         if exp is None:

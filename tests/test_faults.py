@@ -1,0 +1,113 @@
+"""Client faults on a real Ray instance: a ClientActor's process killed while it trains, and a client
+frozen past the round timeout. The experiment finishes, the dropout is a logged metric, the model is finite."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+from fedsweep.config import ExperimentConfig
+from fedsweep.experiment import execute
+from fedsweep.federation import Server
+from fedsweep.tracking import RunLogger, ensure_experiment
+from tests.conftest import config_dict
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+ROUNDS = 4
+
+
+def busy_client_actor(deadline: float) -> psutil.Process:
+    """A ClientActor process caught inside a train call (Ray titles it ``ray::ClientActor.train``)."""
+    while time.time() < deadline:
+        for p in psutil.process_iter(["cmdline"]):
+            if (p.info["cmdline"] or [""])[0].startswith("ray::ClientActor.train"):
+                return p
+        time.sleep(0.02)
+    raise AssertionError("no ClientActor was seen training")
+
+
+def fault_at_round(fault_round: int, fault) -> tuple:
+    """on_round callback that, once round ``fault_round - 1`` is reported, applies ``fault`` to the
+    first ClientActor seen training in round ``fault_round``; the pid lands in the returned list."""
+    hit: list[int] = []
+
+    def on_round(metrics):
+        if int(metrics["round"]) == fault_round - 1:
+            def act():
+                p = busy_client_actor(time.time() + 60)
+                hit.append(p.pid)
+                fault(p)
+            threading.Thread(target=act, daemon=True).start()
+
+    return on_round, hit
+
+
+def run(tracking_uri, on_round, **resources):
+    cfg = ExperimentConfig.model_validate(config_dict(
+        # enough local work that a round lasts seconds, so the fault lands inside it
+        algorithm={"local_steps": 1500, "batch_size": 32, "participation_rate": 1.0},
+        rounds=ROUNDS, eval_every=1, resources={"client_max_restarts": 1, **resources},
+        tracking={"experiment": "faults"},
+    ))
+    logger = RunLogger(tracking_uri, ensure_experiment(tracking_uri, "faults"), cfg, run_name="faults")
+    history = execute(cfg, logger, on_round)
+    return history, logger.run_id
+
+
+def metric(tracking_uri, run_id, key):
+    from mlflow import MlflowClient
+
+    return {int(m.step): m.value for m in MlflowClient(tracking_uri).get_metric_history(run_id, key)}
+
+
+def test_client_killed_mid_round_is_dropped_then_restarted(ray_session, tracking_uri):
+    on_round, killed = fault_at_round(2, lambda p: p.send_signal(signal.SIGKILL))
+    history, run_id = run(tracking_uri, on_round)
+
+    assert killed and not psutil.pid_exists(killed[0])
+    dropped = metric(tracking_uri, run_id, "clients_dropped")
+    answered = metric(tracking_uri, run_id, "clients_answered")
+    assert dropped == {1: 0.0, 2: 1.0, 3: 0.0, 4: 0.0}  # logged in MLflow, per round
+    assert answered == {1: 3.0, 2: 2.0, 3: 3.0, 4: 3.0}  # Ray restarted the actor for round 3
+    assert metric(tracking_uri, run_id, "clients_evaluated") == {r: 3.0 for r in range(ROUNDS + 1)}
+    assert np.isfinite(history[-1]["global_loss"]) and 0 <= history[-1]["global_accuracy"] <= 1
+    from mlflow import MlflowClient
+
+    assert MlflowClient(tracking_uri).get_run(run_id).info.status == "FINISHED"
+
+
+def test_straggler_past_the_round_timeout_is_left_out(ray_session, tracking_uri):
+    def freeze(p: psutil.Process):
+        p.send_signal(signal.SIGSTOP)
+        time.sleep(4)  # longer than the round timeout
+        p.send_signal(signal.SIGCONT)
+
+    on_round, frozen = fault_at_round(2, freeze)
+    history, run_id = run(tracking_uri, on_round, round_timeout_s=3.0)
+
+    assert frozen and psutil.pid_exists(frozen[0])  # frozen, not killed: the same process goes on
+    dropped = metric(tracking_uri, run_id, "clients_dropped")
+    assert dropped[2] == 1.0 and sum(dropped.values()) >= 1.0
+    assert np.isfinite(history[-1]["global_loss"])
+
+
+def test_a_round_nobody_answers_keeps_the_model():
+    """In-process: an empty reply list leaves the global vector and the server state as they were."""
+    cfg = ExperimentConfig.model_validate(config_dict())
+    server = Server(cfg, num_features=64, num_classes=10)
+
+    class NobodyAnswers:
+        def train(self, client_ids, payload, rnd):
+            return []
+
+    before = server.params.clone()
+    metrics = server.train_round(NobodyAnswers(), 1)
+    assert metrics["clients_dropped"] == 3.0 and metrics["clients_answered"] == 0.0
+    assert bool((server.params == before).all())
+

@@ -1,0 +1,71 @@
+"""The cluster files in infra/ and the sweep files as job entrypoints, checked with the tools that consume
+them: Ray's cluster-launcher schema, Ray's RuntimeEnv, fedsweep's own loader, and the kernel's shebang."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedsweep.config import load_sweep
+from tests.conftest import ROOT
+
+SHEBANG = "#!/usr/bin/env -S fedsweep sweep"
+SWEEPS = sorted((ROOT / "sweeps").glob("*.yaml"))
+
+
+def test_cluster_launcher_config_passes_rays_schema():
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    config = yaml.safe_load((ROOT / "infra" / "ray_cluster.yaml").read_text())
+    validate_config(prepare_config(config))  # raises on any field Ray's `ray up` would reject
+    head = " ".join(config["head_start_ray_commands"])
+    assert "--dashboard-host=127.0.0.1" in head  # the job server is reached through `ray dashboard`'s tunnel
+    assert config["max_workers"] == len(config["provider"]["worker_ips"])
+
+
+def test_runtime_env_file_is_a_valid_ray_runtime_env():
+    from ray.runtime_env import RuntimeEnv
+
+    env = RuntimeEnv(**yaml.safe_load((ROOT / "infra" / "runtime_env.yaml").read_text()))
+    assert set(env["env_vars"]) == {"MLFLOW_TRACKING_URI", "FEDSWEEP_DATA_DIR"}
+
+
+def test_kuberay_job_runs_a_shipped_sweep():
+    job = yaml.safe_load((ROOT / "infra" / "kuberay_rayjob.yaml").read_text())
+    assert (job["apiVersion"], job["kind"]) == ("ray.io/v1", "RayJob")
+    spec = job["spec"]
+    entry = spec["entrypoint"].split("&&")[-1].split()[0]
+    assert (ROOT / entry).is_file() and entry in {str(p.relative_to(ROOT)) for p in SWEEPS}
+    assert spec["shutdownAfterJobFinishes"] is True
+    env = yaml.safe_load(spec["runtimeEnvYAML"])
+    assert env["env_vars"]["MLFLOW_TRACKING_URI"].startswith("http")  # a server every pod reaches, not SQLite
+    workers = spec["rayClusterSpec"]["workerGroupSpecs"]
+    assert all(c["resources"]["limits"].get("nvidia.com/gpu") for w in workers for c in w["template"]["spec"]["containers"])
+
+
+@pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.name)
+def test_sweep_file_is_its_own_entrypoint(path):
+    assert path.read_text().splitlines()[0] == SHEBANG
+    assert os.access(path, os.X_OK), f"{path.name} lacks its run bit (chmod +x; git keeps it)"
+
+
+def test_shebang_runs_fedsweep(tmp_path):
+    """Executing a sweep file runs `fedsweep sweep FILE`: here a bad one, which fails early with exit 2."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(SHEBANG + "\n" + yaml.safe_dump(yaml.safe_load(SWEEPS[0].read_text()) | {"rounds": "many"}))
+    bad.chmod(0o755)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    r = subprocess.run([str(bad)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "rounds" in r.stderr and not (tmp_path / "mlflow.db").exists()
+
+
+def test_cluster_grid_is_the_file_the_readme_submits():
+    sweep = load_sweep(ROOT / "sweeps" / "cifar_grid.yaml")
+    assert sweep.trials[0].config.resources.ray_address == "auto"
+    assert "-- sweeps/cifar_grid.yaml" in (ROOT / "README.md").read_text()

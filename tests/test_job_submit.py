@@ -1,0 +1,103 @@
+"""The cluster path end to end: `ray start --head` on 127.0.0.1, a tiny sweep submitted with `ray job submit`,
+the job SUCCEEDED, and the MLflow store holding the sweep's parent run and one finished run per trial."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import config_dict
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+RAY = str(Path(sys.executable).with_name("ray"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def head_node(tmp_path):
+    """A one-node Ray cluster of its own (its own ports and temp dir), stopped with its process group."""
+    gcs, dash, agent, agent_grpc, metrics, runtime_env = (free_port() for _ in range(6))
+    # Clusters started by `ray start` use token authentication (Ray 2.60); the CLI then needs the mode
+    # and finds the token `ray start` wrote to ~/.ray/auth_token.
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["RAY_AUTH_MODE"] = "token"
+    # as in an activated virtual environment: the job's entrypoint finds `fedsweep` on PATH
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    temp = Path("/tmp") / f"rayjob{os.getpid()}"  # short: Ray's socket paths have a length limit
+    proc = subprocess.Popen(
+        [RAY, "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={gcs}",
+         "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--num-cpus=2", "--num-gpus=0",
+         f"--temp-dir={temp}", "--include-dashboard=true",
+         # its own agent ports, so that another Ray instance on the machine (the suite's) does not collide
+         f"--dashboard-agent-listen-port={agent}", f"--dashboard-agent-grpc-port={agent_grpc}",
+         f"--metrics-export-port={metrics}", f"--runtime-env-agent-port={runtime_env}"],
+        stdout=open(tmp_path / "head.log", "w"), stderr=subprocess.STDOUT, env=env, start_new_session=True,
+    )
+    address = f"http://127.0.0.1:{dash}"
+    deadline, last_error = time.time() + 120, ""
+    while time.time() < deadline:
+        r = subprocess.run([RAY, "job", "list", "--address", address], capture_output=True, text=True, env=env)
+        if r.returncode == 0:
+            break
+        last_error = r.stderr[-1500:]
+        if proc.poll() is not None:
+            pytest.fail(f"ray start exited: {(tmp_path / 'head.log').read_text()[-3000:]}")
+        time.sleep(2)
+    else:
+        pytest.fail(f"the head's job server did not answer: {last_error}")
+    yield address, env
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_sweep_submitted_with_ray_job_submit(head_node, tmp_path):
+    from mlflow import MlflowClient
+
+    address, env = head_node
+    work = tmp_path / "job"
+    (work / "sweeps").mkdir(parents=True)
+    db = tmp_path / "mlflow.db"
+    body = config_dict(
+        algorithm={"local_lr": {"grid": [0.1, 0.05]}}, rounds=3, eval_every=1, tracking={"experiment": "job-test"}
+    )
+    body["sweep"] = {"name": "job", "max_concurrent_trials": 2, "seeds": [0]}
+    sweep_file = work / "sweeps" / "tiny.yaml"
+    # the sweep file is the entrypoint: line 1 is a shebang comment, and the file has its run bit
+    sweep_file.write_text("#!/usr/bin/env -S fedsweep sweep\n" + yaml.safe_dump(body))
+    sweep_file.chmod(0o755)
+    # runtime-env needs from a file, as the README documents (infra/runtime_env.yaml)
+    (tmp_path / "runtime_env.yaml").write_text(yaml.safe_dump({"env_vars": {"MLFLOW_TRACKING_URI": f"sqlite:///{db}"}}))
+    r = subprocess.run(
+        [RAY, "job", "submit", "--address", address, "--working-dir", str(work), "--submission-id", "fedsweep-e2e",
+         "--runtime-env", str(tmp_path / "runtime_env.yaml"), "--", "sweeps/tiny.yaml", "--quiet"],
+        capture_output=True, text=True, env=env, timeout=900,
+    )
+    status = subprocess.run([RAY, "job", "status", "--address", address, "fedsweep-e2e"],
+                            capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and "succeeded" in status.stdout.lower(), (r.stdout[-4000:], r.stderr[-3000:], status.stdout[-500:])
+    assert "| fedavg |" in r.stdout  # the job printed the table
+    c = MlflowClient(f"sqlite:///{db}")
+    runs = c.search_runs([c.get_experiment_by_name("job-test").experiment_id])
+    parents = [x for x in runs if x.data.tags.get("fedsweep.sweep") == "true"]
+    children = [x for x in runs if "mlflow.parentRunId" in x.data.tags]
+    assert len(parents) == 1 and len(children) == 2 and len(runs) == 3
+    assert all(x.info.status == "FINISHED" for x in runs)
+    for child in children:
+        assert [m.step for m in c.get_metric_history(child.info.run_id, "global_accuracy")] == [0, 1, 2, 3]

@@ -1,0 +1,145 @@
+"""The recommended store under concurrent trials, and what an analyst sees: `infra/mlflow_server.sh`
+(SQL backend, served artifacts, 127.0.0.1) receives a sweep whose trials log two at a time over HTTP;
+then Debian's chromium, headless under Selenium, opens the MLflow UI and finds the experiment, its runs
+and a per-round metric chart with one point per evaluated round."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from fedsweep.config import load_sweep
+from fedsweep.sweep import run_sweep
+from tests.conftest import ROOT, config_dict
+from tests.test_job_submit import free_port
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+ROUNDS = 4
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    """`infra/mlflow_server.sh` on a free loopback port, stopped with its process group."""
+    tmp = tmp_path_factory.mktemp("mlflow-server")
+    port = free_port()
+    env = {**os.environ, "MLFLOW_PORT": str(port), "MLFLOW_SERVER_DIR": str(tmp / "srv")}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    log = open(tmp / "server.log", "w")
+    proc = subprocess.Popen(["bash", str(ROOT / "infra" / "mlflow_server.sh")], stdout=log, stderr=subprocess.STDOUT,
+                            env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            if urllib.request.urlopen(f"{url}/health", timeout=2).status == 200:
+                break
+        except OSError:
+            pass
+        if proc.poll() is not None:
+            pytest.fail(f"mlflow server exited: {(tmp / 'server.log').read_text()[-3000:]}")
+        time.sleep(1)
+    else:
+        pytest.fail("mlflow server did not answer /health within 120 s")
+    yield url, port, proc
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def logged_sweep(ray_session, mlflow_server, tmp_path_factory):
+    url, _, _ = mlflow_server
+    tmp = tmp_path_factory.mktemp("ui-sweep")
+    body = config_dict(
+        algorithm={"local_lr": {"grid": [0.1, 0.05]}}, rounds=ROUNDS, eval_every=1,
+        tracking={"experiment": "ui-test", "tracking_uri": url},
+    )
+    body["sweep"] = {"name": "ui", "max_concurrent_trials": 2, "seeds": [0, 1], "storage_path": str(tmp / "ray_results")}
+    (tmp / "ui.yaml").write_text(yaml.safe_dump(body))
+    out = run_sweep(load_sweep(tmp / "ui.yaml"), verbose=0)
+    return url, out
+
+
+def test_server_listens_on_loopback_only(mlflow_server):
+    _, port, proc = mlflow_server
+    family = {p.pid for p in psutil.Process(proc.pid).children(recursive=True)} | {proc.pid}
+    listening = [c for c in psutil.net_connections("inet") if c.status == psutil.CONN_LISTEN and c.laddr.port == port]
+    assert listening and {c.laddr.ip for c in listening} == {"127.0.0.1"}
+    assert all(c.pid in family for c in listening if c.pid is not None)
+
+
+def test_concurrent_trials_lose_nothing_on_the_server(logged_sweep):
+    from mlflow import MlflowClient
+
+    url, out = logged_sweep
+    assert out["errors"] == 0 and len(out["results"]) == 4
+    c = MlflowClient(url)
+    runs = c.search_runs([c.get_experiment_by_name("ui-test").experiment_id])
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert len(runs) == 5 and len(children) == 4
+    assert all(r.info.status == "FINISHED" for r in runs)
+    for r in children:  # every round's point arrived, from trials writing at the same time
+        assert [m.step for m in c.get_metric_history(r.info.run_id, "global_accuracy")] == list(range(ROUNDS + 1))
+        assert [m.step for m in c.get_metric_history(r.info.run_id, "local_train_loss")] == list(range(1, ROUNDS + 1))
+        assert "plots" in {a.path for a in c.list_artifacts(r.info.run_id)}
+
+
+@pytest.fixture
+def browser():
+    if not (CHROMIUM and CHROMEDRIVER):
+        pytest.fail("the UI check needs Debian's chromium and chromium-driver: apt-get install chromium chromium-driver "
+                    "(`make test` installs them when it runs as root)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    options = Options()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1600,1000"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    yield driver
+    driver.quit()
+
+
+def test_ui_shows_experiment_runs_and_a_metric_chart(logged_sweep, browser, tmp_path):
+    from mlflow import MlflowClient
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    url, _ = logged_sweep
+    c = MlflowClient(url)
+    exp = c.get_experiment_by_name("ui-test")
+    runs = c.search_runs([exp.experiment_id])
+    child = next(r for r in runs if "mlflow.parentRunId" in r.data.tags)
+    wait = WebDriverWait(browser, 90, poll_frequency=1)
+
+    browser.get(f"{url}/#/experiments/{exp.experiment_id}/runs")
+    body = lambda d: d.find_element("tag name", "body").text  # noqa: E731
+    wait.until(lambda d: f"{len(runs)} matching runs" in body(d))
+    text = body(browser)
+    browser.save_screenshot(str(tmp_path / "runs.png"))
+    assert "ui-test" in text and "Training runs" in text  # the experiment and its runs table
+    assert "ui" in text.splitlines()  # the sweep's parent run, its trials nested under it
+
+    browser.get(f"{url}/#/experiments/{exp.experiment_id}/runs/{child.info.run_id}/model-metrics")
+    chart = ("//*[normalize-space(text())='global_accuracy']/ancestor::*[.//*[contains(@class,'js-plotly-plot')]][1]"
+             "//*[contains(@class,'js-plotly-plot')]")
+    plots = wait.until(lambda d: d.find_elements("xpath", chart))
+    points = wait.until(lambda d: len(plots[0].find_elements("css selector", "path.point")) == ROUNDS + 1 or None)
+    browser.save_screenshot(str(tmp_path / "metrics.png"))
+    assert points and child.info.run_name in body(browser)
+    assert "Step" in plots[0].text  # x axis: the round
