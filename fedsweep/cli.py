@@ -74,15 +74,17 @@ def cmd_run(args) -> int:
 def cmd_sweep(args) -> int:
     from fedsweep.config import load_sweep
     from fedsweep.sweep import run_sweep
-    from fedsweep.table import best_settings, load_runs, to_markdown
+    from fedsweep.table import best_settings, diverged_settings, load_runs, to_markdown
 
     sweep = load_sweep(args.file)
     print(f"{args.file}: {len(sweep.trials)} trial(s), at most {sweep.settings.max_concurrent_trials} at a time")
-    out = run_sweep(sweep, verbose=0 if args.quiet else 1)
+    out = run_sweep(sweep, verbose=0 if args.quiet else 1, resume=args.resume)
     runs, _ = load_runs(out["tracking_uri"], sweep.trials[0].config.tracking.experiment, out["parent_run_id"])
     print()
     print(f"Best setting per algorithm by final {sweep.settings.metric} ({sweep.settings.mode}), sweep run {out['parent_run_id']}:")
     print(to_markdown(best_settings(runs, sweep.settings.metric, sweep.settings.mode, sweep.settings.table_group_by)))
+    if diverged := diverged_settings(runs):
+        print("\n" + diverged)
     if out["errors"]:
         print(f"{out['errors']} trial(s) failed; see the Tune output above", file=sys.stderr)
         return EXIT_FAILED
@@ -90,7 +92,7 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_table(args) -> int:
-    from fedsweep.table import best_settings, load_runs, to_markdown
+    from fedsweep.table import best_settings, diverged_settings, load_runs, to_markdown
     from fedsweep.tracking import resolve_tracking_uri
 
     if args.last_evaluations < 1:
@@ -114,6 +116,8 @@ def cmd_table(args) -> int:
         return EXIT_BAD_INPUT
     if args.format == "markdown":
         text = to_markdown(table)
+        if diverged := diverged_settings(runs):
+            text += "\n\n" + diverged
         if args.output:
             with open(args.output, "w") as f:
                 f.write(text + "\n")
@@ -166,6 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("sweep", help="run a sweep file's grid with Ray Tune, logged to MLflow, then print the table")
     s.add_argument("file")
     s.add_argument("--quiet", action="store_true", help="no Tune status output")
+    s.add_argument("--resume", action="store_true",
+                   help="continue this sweep's newest interrupted run: finished trials are kept, the others rerun")
     s.set_defaults(func=cmd_sweep)
 
     s = sub.add_parser("table", help="best setting per algorithm, mean ± 95%% CI over seeds, read from MLflow")

@@ -177,6 +177,12 @@ class SweepSettings(StrictModel):
         None, min_length=1, description="Seeds crossed with the grid; null = the config's seed."
     )
     storage_path: str = Field("ray_results", description="Where Tune keeps trial results (absolute, relative or URI).")
+    trial_retries: int = Field(
+        1,
+        ge=0,
+        description="Times Tune reruns a trial that failed (its ServerActor died, a node was lost), from "
+        "round 0; the failed attempt's MLflow run is deleted (FailureConfig.max_failures).",
+    )
     table_group_by: list[str] = Field(
         default_factory=list,
         description="Parameters (flat names, e.g. model.name, algorithm.local_steps) that split the table's "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 from pathlib import Path
@@ -10,7 +11,7 @@ from typing import Any
 import ray
 from ray import tune
 
-from fedsweep.config import ExperimentConfig, Sweep
+from fedsweep.config import ConfigError, ExperimentConfig, Sweep
 from fedsweep.experiment import check_cluster, connect_ray, execute
 from fedsweep.tracking import TAG_PREFIX, RunLogger, client, ensure_experiment, resolve_tracking_uri
 
@@ -23,11 +24,41 @@ def _git_sha() -> str:
         return "unknown"
 
 
+#: Written into the Tune experiment folder when a sweep starts: what `--resume` needs to find it again.
+SWEEP_STATE = "fedsweep_sweep.json"
+
+
+def _earlier_attempts(tracking: dict[str, str], trial_id: str):
+    """Before a trial (re)starts, its earlier MLflow runs under this sweep: one that finished (or
+    diverged) is returned, so the trial is not rerun — Tune may not have recorded its end before the
+    driver died; unfinished ones (driver killed: RUNNING; crashed: FAILED) are marked KILLED and deleted,
+    so that the sweep ends with exactly one run per trial."""
+    mlflow = client(tracking["uri"])
+    earlier = mlflow.search_runs(
+        [tracking["experiment_id"]],
+        filter_string=f"tags.`ray.trial_id` = '{trial_id}' and tags.`mlflow.parentRunId` = '{tracking['parent_run_id']}'",
+    )
+    done = None
+    for run in earlier:
+        if run.data.tags.get(f"{TAG_PREFIX}outcome") in ("finished", "diverged") and done is None:
+            done = run
+        else:
+            if run.info.status == "RUNNING":
+                mlflow.set_terminated(run.info.run_id, "KILLED")
+            mlflow.delete_run(run.info.run_id)
+    return done
+
+
 def _trial(config: dict[str, Any], configs: list[ExperimentConfig], overrides: list[dict], tracking: dict[str, str]) -> None:
     """Tune function trainable: one experiment, reported to Tune at every evaluation round."""
     index = config["point"]["trial"]
     cfg = configs[index]
     ctx = tune.get_context()
+    done = _earlier_attempts(tracking, ctx.get_trial_id())
+    if done is not None:  # finished before an interruption: its final metrics, not a rerun
+        diverged = done.data.tags.get(f"{TAG_PREFIX}outcome") == "diverged"
+        tune.report({**{k: float(v) for k, v in done.data.metrics.items()}, **({"diverged": 1.0} if diverged else {})})
+        return
     logger = RunLogger(
         tracking["uri"],
         tracking["experiment_id"],
@@ -45,12 +76,39 @@ def _trial(config: dict[str, Any], configs: list[ExperimentConfig], overrides: l
     execute(cfg, logger, report, trial_placement_group=ray.util.get_current_placement_group())
 
 
-def run_sweep(sweep: Sweep, verbose: int = 1) -> dict[str, Any]:
-    """Run every trial of ``sweep``; returns the parent run id, the Tune results and the error count."""
+def _storage(sweep: Sweep) -> str:
+    storage = sweep.settings.storage_path
+    return storage if "://" in storage else str(Path(storage).resolve())
+
+
+def find_resumable(sweep: Sweep) -> tuple[Path, dict]:
+    """The newest Tune experiment folder of this sweep (same name, same file contents) that Tune can
+    restore, with its saved state; a ConfigError naming ``sweep.storage_path`` when there is none."""
+    storage = Path(_storage(sweep))
+    candidates = sorted(storage.glob(f"{sweep.settings.name}-*/{SWEEP_STATE}"), key=lambda f: f.stat().st_mtime, reverse=True)
+    for state_file in candidates:
+        state = json.loads(state_file.read_text())
+        if state.get("yaml_sha1") == sweep.source_hash() and tune.Tuner.can_restore(state_file.parent):
+            return state_file.parent, state
+    raise ConfigError([
+        f"{sweep.path}: sweep.storage_path: nothing to resume — no restorable Tune experiment of sweep "
+        f"'{sweep.settings.name}' with this file's contents under {storage}"
+        + (f" (found {len(candidates)} of other contents or unrestorable)" if candidates else "")
+    ])
+
+
+def run_sweep(sweep: Sweep, verbose: int = 1, resume: bool = False) -> dict[str, Any]:
+    """Run every trial of ``sweep``; returns the parent run id, the Tune results and the error count.
+
+    ``resume``: continue the newest interrupted run of this sweep (Tune's restore). Finished trials
+    are not rerun; unfinished and errored ones start again from round 0 (same seeds, same numbers),
+    their earlier, unfinished MLflow runs deleted; the parent MLflow run is the original one.
+    """
     from ray.tune import PlacementGroupFactory
 
     configs = [t.config for t in sweep.trials]
     first = configs[0]
+    restore_from = find_resumable(sweep) if resume else None  # before any cluster work
     connect_ray(first.resources)
     check_cluster(configs, sweep.path)
 
@@ -58,7 +116,13 @@ def run_sweep(sweep: Sweep, verbose: int = 1) -> dict[str, Any]:
     uri = resolve_tracking_uri(first.tracking.tracking_uri)
     experiment_id = ensure_experiment(uri, first.tracking.experiment)
     mlflow = client(uri)
-    parent = mlflow.create_run(
+    if restore_from is not None:
+        path, state = restore_from
+        parent = state["parent_run_id"]
+        mlflow.update_run(parent, status="RUNNING")
+    else:
+        parent = None
+    parent = parent or mlflow.create_run(
         experiment_id,
         run_name=settings.name,
         tags={
@@ -71,7 +135,6 @@ def run_sweep(sweep: Sweep, verbose: int = 1) -> dict[str, Any]:
             "mlflow.source.git.commit": _git_sha(),
         },
     ).info.run_id
-    mlflow.log_text(parent, sweep.source, "sweep.yaml")
     tracking = {"uri": uri, "experiment_id": experiment_id, "parent_run_id": parent}
 
     overrides = [t.overrides for t in sweep.trials]
@@ -83,24 +146,34 @@ def run_sweep(sweep: Sweep, verbose: int = 1) -> dict[str, Any]:
             strategy="PACK",
         ),
     )
-    storage = settings.storage_path
-    if "://" not in storage:
-        storage = str(Path(storage).resolve())
-    tuner = tune.Tuner(
-        trainable,
-        param_space={"point": tune.grid_search([{"trial": t.index, **t.overrides} for t in sweep.trials])},
-        tune_config=tune.TuneConfig(
-            metric=settings.metric,
-            mode=settings.mode,
-            max_concurrent_trials=settings.max_concurrent_trials,
-            # A finished trial's actor (torch imported, bundle reserved) runs the next trial of equal
-            # resources: one process start fewer per trial.
-            reuse_actors=True,
-        ),
-        run_config=tune.RunConfig(
-            name=f"{settings.name}-{time.strftime('%Y%m%d-%H%M%S')}", storage_path=storage, verbose=verbose
-        ),
-    )
+    if restore_from is not None:
+        tuner = tune.Tuner.restore(str(restore_from[0]), trainable, resume_unfinished=True, restart_errored=True)
+    else:
+        mlflow.log_text(parent, sweep.source, "sweep.yaml")
+        name = f"{settings.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        tuner = tune.Tuner(
+            trainable,
+            param_space={"point": tune.grid_search([{"trial": t.index, **t.overrides} for t in sweep.trials])},
+            tune_config=tune.TuneConfig(
+                metric=settings.metric,
+                mode=settings.mode,
+                max_concurrent_trials=settings.max_concurrent_trials,
+                # A finished trial's actor (torch imported, bundle reserved) runs the next trial of equal
+                # resources: one process start fewer per trial.
+                reuse_actors=True,
+            ),
+            run_config=tune.RunConfig(
+                name=name,
+                storage_path=_storage(sweep),
+                verbose=verbose,
+                failure_config=tune.FailureConfig(max_failures=settings.trial_retries),
+            ),
+        )
+        if "://" not in _storage(sweep):
+            folder = Path(_storage(sweep)) / name
+            folder.mkdir(parents=True, exist_ok=True)
+            state = {"parent_run_id": parent, "yaml_sha1": sweep.source_hash(), "source_file": sweep.path}
+            (folder / SWEEP_STATE).write_text(json.dumps(state, indent=1))
     status = "FAILED"
     try:
         results = tuner.fit()

@@ -78,7 +78,8 @@ def load_runs(
     rows = []
     for r in runs:
         tags = r.data.tags
-        if f"{TAG_PREFIX}algorithm" not in tags or r.info.status != "FINISHED":
+        diverged = tags.get(f"{TAG_PREFIX}outcome") == "diverged"
+        if f"{TAG_PREFIX}algorithm" not in tags or not (r.info.status == "FINISHED" or diverged):
             continue
         if sweep_run_id is not None and tags.get(PARENT_TAG) != sweep_run_id:
             continue
@@ -89,6 +90,7 @@ def load_runs(
                 "setting": tags[f"{TAG_PREFIX}setting"],
                 "setting_label": tags.get(f"{TAG_PREFIX}setting_label", ""),
                 "seed": int(tags.get(f"{TAG_PREFIX}seed", 0)),
+                "outcome": "diverged" if diverged else "finished",
                 **{f"param:{k}": v for k, v in r.data.params.items()},
                 **r.data.metrics,
             }
@@ -114,7 +116,11 @@ def best_settings(runs: pd.DataFrame, metric: str, mode: str = "max", group_by: 
         raise KeyError(f"group-by parameter(s) {missing} not logged by these runs")
     rows = []
     keys = ["algorithm"] + [f"param:{p}" for p in group_by]
-    for key, group in runs.fillna({k: "" for k in keys}).groupby(keys, sort=True):
+    for key, tried in runs.fillna({k: "" for k in keys}).groupby(keys, sort=True):
+        # a setting any of whose seeds diverged is not eligible (listed by `diverged_settings`)
+        group = tried[~tried["setting"].isin(_diverged(tried)["setting"])]
+        if group.empty:
+            continue
         by_setting = group.groupby("setting")[metric].mean()
         best = by_setting.idxmax() if mode == "max" else by_setting.idxmin()
         chosen = group[group["setting"] == best]
@@ -122,7 +128,7 @@ def best_settings(runs: pd.DataFrame, metric: str, mode: str = "max", group_by: 
         row = {
             "algorithm": key[0] + (f" ({split})" if split else ""),
             "best setting": chosen["setting_label"].iloc[0],
-            "settings tried": int(group["setting"].nunique()),
+            "settings tried": int(tried["setting"].nunique()),
             "seeds": int(len(chosen)),
         }
         for key in dict.fromkeys((metric, *REPORTED)):
@@ -140,6 +146,24 @@ def best_settings(runs: pd.DataFrame, metric: str, mode: str = "max", group_by: 
                 row[f"{key} ci95"] = ci95(values)
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _diverged(runs: pd.DataFrame) -> pd.DataFrame:
+    return runs[runs["outcome"] == "diverged"] if "outcome" in runs.columns else runs.iloc[:0]
+
+
+def diverged_settings(runs: pd.DataFrame) -> str:
+    """Markdown list of the settings whose global model became non-finite, with how many seeds did;
+    they are left out of the best-setting table, never hidden."""
+    bad = _diverged(runs)
+    if bad.empty:
+        return ""
+    lines = ["Diverged (non-finite global model; not eligible as best setting):", "",
+             "| algorithm | setting | seeds diverged |", "|---|---|---|"]
+    for (algorithm, setting), group in bad.groupby(["algorithm", "setting"], sort=True):
+        total = int(((runs["algorithm"] == algorithm) & (runs["setting"] == setting)).sum())
+        lines.append(f"| {algorithm} | {group['setting_label'].iloc[0]} | {len(group)}/{total} |")
+    return "\n".join(lines)
 
 
 def _pm(mean: float, half: float, percent: bool, digits: int = 4) -> str:

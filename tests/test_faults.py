@@ -22,14 +22,14 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 ROUNDS = 4
 
 
-def busy_client_actor(deadline: float) -> psutil.Process:
-    """A ClientActor process caught inside a train call (Ray titles it ``ray::ClientActor.train``)."""
+def busy_actor(deadline: float, title: str = "ray::ClientActor.train") -> psutil.Process:
+    """An actor process caught inside a call: Ray titles it ``ray::Class.method`` while it runs one."""
     while time.time() < deadline:
         for p in psutil.process_iter(["cmdline"]):
-            if (p.info["cmdline"] or [""])[0].startswith("ray::ClientActor.train"):
+            if (p.info["cmdline"] or [""])[0].startswith(title):
                 return p
         time.sleep(0.02)
-    raise AssertionError("no ClientActor was seen training")
+    raise AssertionError(f"no process titled {title} was seen")
 
 
 def fault_at_round(fault_round: int, fault) -> tuple:
@@ -40,7 +40,7 @@ def fault_at_round(fault_round: int, fault) -> tuple:
     def on_round(metrics):
         if int(metrics["round"]) == fault_round - 1:
             def act():
-                p = busy_client_actor(time.time() + 60)
+                p = busy_actor(time.time() + 60)
                 hit.append(p.pid)
                 fault(p)
             threading.Thread(target=act, daemon=True).start()
@@ -95,6 +95,47 @@ def test_straggler_past_the_round_timeout_is_left_out(ray_session, tracking_uri)
     dropped = metric(tracking_uri, run_id, "clients_dropped")
     assert dropped[2] == 1.0 and sum(dropped.values()) >= 1.0
     assert np.isfinite(history[-1]["global_loss"])
+
+
+def test_trial_whose_server_dies_is_rerun_with_one_mlflow_run(ray_session, tmp_path):
+    """SIGKILL the ServerActor (its ClientActors die with it) in a trial's round 2: Tune reruns the trial
+    (sweep.trial_retries), the failed attempt's MLflow run is deleted, and the rerun's numbers are the
+    uninterrupted ones."""
+    import yaml
+    from mlflow import MlflowClient
+    from mlflow.entities import ViewType
+
+    from fedsweep.config import load_sweep
+    from fedsweep.federation import run_local
+    from fedsweep.sweep import run_sweep
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    body = config_dict(algorithm={"local_steps": 1500, "batch_size": 32}, rounds=3, eval_every=3,
+                       tracking={"experiment": "server-dies", "tracking_uri": uri})
+    body["sweep"] = {"name": "s", "trial_retries": 1, "storage_path": str(tmp_path / "ray_results")}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(body))
+    sweep = load_sweep(tmp_path / "s.yaml")
+
+    killed: list[int] = []
+
+    def kill_server_once():
+        time.sleep(1.0)  # past round 0 and the start of the clients
+        p = busy_actor(time.time() + 120, "ray::ServerActor.step")
+        killed.append(p.pid)
+        p.send_signal(signal.SIGKILL)
+
+    threading.Thread(target=kill_server_once, daemon=True).start()
+    out = run_sweep(sweep, verbose=0)
+
+    assert killed and out["errors"] == 0 and len(out["results"]) == 1
+    c = MlflowClient(uri)
+    exp = c.get_experiment_by_name("server-dies").experiment_id
+    active = [r for r in c.search_runs([exp]) if "mlflow.parentRunId" in r.data.tags]
+    every = [r for r in c.search_runs([exp], run_view_type=ViewType.ALL) if "mlflow.parentRunId" in r.data.tags]
+    assert len(active) == 1 and active[0].info.status == "FINISHED"
+    assert len(every) == 2 and [r.info.lifecycle_stage for r in every if r.info.run_id != active[0].info.run_id] == ["deleted"]
+    reference = run_local(sweep.trials[0].config)[0][-1]
+    assert active[0].data.metrics["global_accuracy"] == pytest.approx(reference["global_accuracy"], rel=1e-9)
 
 
 def test_a_round_nobody_answers_keeps_the_model():

@@ -139,3 +139,35 @@ def test_every_algorithm_runs_as_a_tune_trial_and_gets_a_table_row(ray_session, 
     assert (pflscaf["transmissions"] == 2 * 2 * 2 * 2).all()  # 2 rounds × 2 sampled × (down + up) × 2 vectors
     pfedme = runs[runs["algorithm"] == "pfedme"]
     assert (pfedme["downloads"] == 2 * 3).all() and (pfedme["uploads"] == 2 * 2).all()
+
+
+def test_a_diverging_setting_stops_alone_and_the_table_reports_it(ray_session, tmp_path_factory, capsys, monkeypatch):
+    """local_lr = 1e30 blows up in round 1: that trial stops at once (diverged in MLflow and in its Tune
+    result), the other trial finishes, and `fedsweep table` lists the diverged setting below the table."""
+    from mlflow import MlflowClient
+
+    tmp = tmp_path_factory.mktemp("diverge")
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    body = config_dict(
+        algorithm={"local_lr": {"grid": [0.1, 1e30]}}, rounds=5, eval_every=5,
+        tracking={"experiment": "diverge", "tracking_uri": uri},
+    )
+    body["sweep"] = {"name": "d", "max_concurrent_trials": 2, "storage_path": str(tmp / "ray_results")}
+    (tmp / "d.yaml").write_text(yaml.safe_dump(body))
+    out = run_sweep(load_sweep(tmp / "d.yaml"), verbose=0)
+
+    assert out["errors"] == 0  # the sweep goes on: a diverged trial is an outcome, not an error
+    tune_diverged = [r.metrics for r in out["results"] if r.metrics.get("diverged")]
+    assert len(tune_diverged) == 1 and tune_diverged[0]["round"] == 1.0
+    c = MlflowClient(uri)
+    children = [r for r in c.search_runs([c.get_experiment_by_name("diverge").experiment_id]) if "mlflow.parentRunId" in r.data.tags]
+    outcome = {r.data.params["algorithm.local_lr"]: (r.info.status, r.data.tags["fedsweep.outcome"]) for r in children}
+    assert outcome == {"0.1": ("FINISHED", "finished"), "1e+30": ("FAILED", "diverged")}
+    bad = next(r for r in children if r.data.params["algorithm.local_lr"] == "1e+30")
+    assert max(m.step for m in c.get_metric_history(bad.info.run_id, "uploads")) == 1  # stopped at round 1
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    assert main(["table", "--experiment", "diverge"]) == 0
+    printed = capsys.readouterr().out
+    assert "| fedavg | local_lr=0.1 | 2 | 1 |" in printed  # both settings tried; the finite one is best
+    assert "Diverged" in printed and "| fedavg | local_lr=1e+30 | 1/1 |" in printed

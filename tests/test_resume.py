@@ -1,0 +1,107 @@
+"""Resume: a sweep whose driver is killed (with its local Ray instance) after some trials finished is
+continued with `fedsweep sweep FILE --resume`. Finished trials are not rerun, MLflow ends with exactly one
+finished run per trial and none RUNNING, and every trial's final numbers equal an uninterrupted run's."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from fedsweep.config import load_sweep
+from fedsweep.federation import run_local
+from tests.conftest import config_dict
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+FEDSWEEP = str(Path(sys.executable).with_name("fedsweep"))
+TRIALS = 6
+
+
+def children(uri: str, view: str = "ACTIVE_ONLY"):
+    from mlflow import MlflowClient
+    from mlflow.entities import ViewType
+
+    c = MlflowClient(uri)
+    exp = c.get_experiment_by_name("resume")
+    if exp is None:
+        return []
+    runs = c.search_runs([exp.experiment_id], run_view_type=getattr(ViewType, view))
+    return [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the driver's whole process group: the driver, and the Ray instance it started."""
+    group = [p for p in psutil.process_iter() if _pgid(p) == proc.pid]
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    psutil.wait_procs(group, timeout=30)
+
+
+def _pgid(p: psutil.Process) -> int | None:
+    try:
+        return os.getpgid(p.pid)
+    except (ProcessLookupError, psutil.Error):
+        return None
+
+
+def test_killed_sweep_resumes_without_rerunning_or_duplicating(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    body = config_dict(
+        algorithm={"local_lr": {"grid": [0.1, 0.05, 0.02]}, "local_steps": 150}, rounds=4, eval_every=2,
+        resources={"cluster_cpus": 2}, tracking={"experiment": "resume", "tracking_uri": uri},
+    )
+    body["sweep"] = {"name": "r", "max_concurrent_trials": 2, "seeds": [0, 1], "storage_path": str(tmp_path / "ray_results")}
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(body))
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_RUN_ID")}
+
+    # Nothing to resume yet: exit 2 before any cluster work.
+    r = subprocess.run([FEDSWEEP, "sweep", str(path), "--resume"], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert r.returncode == 2 and "nothing to resume" in r.stderr and "sweep.storage_path" in r.stderr
+
+    driver = subprocess.Popen([FEDSWEEP, "sweep", str(path), "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env=env, cwd=tmp_path, start_new_session=True)
+    deadline = time.time() + 300
+    while len([x for x in children(uri) if x.info.status == "FINISHED"]) < 2:
+        assert driver.poll() is None and time.time() < deadline, "the sweep ended or stalled before it could be killed"
+        time.sleep(0.5)
+    kill_group(driver)
+    before = children(uri)
+    finished_before = {x.info.run_id: x.info.end_time for x in before if x.info.status == "FINISHED"}
+    assert 2 <= len(finished_before) < TRIALS
+    assert any(x.info.status == "RUNNING" for x in before)  # killed mid-trial: orphans exist now
+
+    r = subprocess.run([FEDSWEEP, "sweep", str(path), "--quiet", "--resume"], capture_output=True, text=True, env=env,
+                       cwd=tmp_path, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+    after = children(uri)
+    assert len(after) == TRIALS and all(x.info.status == "FINISHED" for x in after)
+    assert len({x.data.tags["ray.trial_id"] for x in after}) == TRIALS  # one run per trial
+    assert not [x for x in children(uri, "ALL") if x.info.status == "RUNNING"]  # no orphan left RUNNING
+    deleted = [x for x in children(uri, "DELETED_ONLY")]  # the attempts the kill interrupted: KILLED, then deleted
+    assert deleted and all(x.info.status == "KILLED" for x in deleted)
+    # finished trials were not rerun: same runs, untouched
+    assert {x.info.run_id: x.info.end_time for x in after if x.info.run_id in finished_before} == finished_before
+
+    from mlflow import MlflowClient
+
+    c = MlflowClient(uri)
+    parents = [x for x in c.search_runs([c.get_experiment_by_name("resume").experiment_id]) if x.data.tags.get("fedsweep.sweep")]
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+
+    # every trial's final numbers equal an uninterrupted run of the same config (same seeds)
+    sweep = load_sweep(path)
+    for x in after:
+        reference = run_local(sweep.trials[int(x.data.tags["fedsweep.trial_index"])].config)[0][-1]
+        for key in ("personalized_accuracy_mean", "global_accuracy", "global_loss"):
+            assert x.data.metrics[key] == pytest.approx(reference[key], rel=1e-9, abs=1e-12), key
+    assert "| fedavg | local_lr=" in r.stdout and "| 3 | 2 |" in r.stdout  # all 3 settings × 2 seeds in the table
