@@ -1,11 +1,35 @@
 """Malformed sweep files, as a cluster user would submit them: each stops `fedsweep sweep` with exit code 2
-and a message naming the file and the field, before Ray starts and before anything reaches MLflow."""
+and a message naming the file and the field, before Ray starts and before anything reaches MLflow.
+
+All cases run in one separate Python process (one interpreter start instead of one per case), each
+through `fedsweep.cli.main` — the function the `fedsweep` command exits with — in its own folder;
+tests/test_cli.py checks the exit code of the real command."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 
-from tests.test_cli import fedsweep
+from tests.conftest import ROOT
+
+DRIVER = """
+import contextlib, io, json, os, sys
+import ray
+from fedsweep.cli import main
+results = {}
+for case, folder in json.loads(sys.argv[1]).items():
+    os.chdir(folder)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        rc = main(["sweep", os.path.join(folder, "bad.yaml")])
+    results[case] = {"rc": rc, "stderr": err.getvalue(), "ray": ray.is_initialized(),
+                     "mlflow": [f for f in ("mlflow.db", "mlruns", "mlartifacts") if os.path.exists(f)]}
+print(json.dumps(results))
+"""
 
 GOOD = """\
 name: m
@@ -64,17 +88,29 @@ CASES = {
 }
 
 
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory) -> dict[str, dict]:
+    folders = {}
+    for i, (case, (text, _)) in enumerate(CASES.items()):
+        folder = tmp_path_factory.mktemp(f"case{i}")
+        (folder / "bad.yaml").write_text(text)
+        folders[case] = str(folder)
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "RAY_ADDRESS")}
+    r = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(folders)], capture_output=True, text=True,
+                       env=env, cwd=ROOT, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return {case: {**o, "path": os.path.join(folders[case], "bad.yaml")} for case, o in json.loads(r.stdout.splitlines()[-1]).items()}
+
+
 @pytest.mark.parametrize("case", list(CASES))
-def test_malformed_sweep_file_exits_2_and_names_the_field(case, tmp_path):
-    text, expected = CASES[case]
-    path = tmp_path / "bad.yaml"
-    path.write_text(text)
-    r = fedsweep("sweep", str(path), cwd=tmp_path, timeout=120)
-    assert r.returncode == 2, (r.stdout, r.stderr[-2000:])
-    assert expected in r.stderr, r.stderr
-    assert str(path) in r.stderr or "bad.yaml" in r.stderr
-    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "mlruns").exists()  # zero MLflow runs
-    assert "Started a local Ray instance" not in r.stderr
+def test_malformed_sweep_file_exits_2_and_names_the_field(case, outcomes):
+    _, expected = CASES[case]
+    o = outcomes[case]
+    assert o["rc"] == 2, o["stderr"][-2000:]
+    assert expected in o["stderr"], o["stderr"]
+    assert o["path"] in o["stderr"] or "bad.yaml" in o["stderr"]
+    assert not o["mlflow"]  # zero MLflow runs: no store was even created
+    assert not o["ray"]  # Ray never started
 
 
 def test_there_are_at_least_twenty_cases():
