@@ -11,7 +11,7 @@ import torch
 from fedsweep.algorithms.base import ClientData, ClientMessage
 from fedsweep.config import ExperimentConfig
 from fedsweep.evaluation import ClientEval
-from fedsweep.federation import Client, Payload
+from fedsweep.federation import Client, ClientSnapshot, Payload
 
 
 @ray.remote(num_cpus=0)
@@ -36,6 +36,13 @@ class ClientActor:
 
     def get_states(self, client_ids: list[int]) -> list[Payload | None]:
         return [self.clients[i].get_state() for i in client_ids]
+
+    def snapshot(self) -> dict[int, ClientSnapshot]:
+        return {i: c.snapshot() for i, c in self.clients.items()}
+
+    def load(self, snapshots: dict[int, ClientSnapshot]) -> None:
+        for i, snap in snapshots.items():
+            self.clients[i].load(snap)
 
     def info(self) -> list[dict]:
         """Where each hosted client runs: pid, torch device, the GPUs Ray assigned and CUDA_VISIBLE_DEVICES."""

@@ -14,7 +14,7 @@ from fedsweep.algorithms.base import ClientMessage
 from fedsweep.config import ExperimentConfig
 from fedsweep.data import build_federated_dataset
 from fedsweep.evaluation import ClientEval
-from fedsweep.federation import Payload, Server
+from fedsweep.federation import ClientSnapshot, Payload, Server
 
 
 class RayPool:
@@ -26,13 +26,26 @@ class RayPool:
 
     Faults: an actor that dies during a call, or has not answered within ``timeout_s``, is left
     out of that call's replies (its clients are missing from the returned list); Ray restarts a
-    dead actor for the next rounds when its ``max_restarts`` allows.
+    dead actor for the next rounds when its ``max_restarts`` allows, and before its next call the
+    pool loads its clients' states from the last checkpoint (:meth:`snapshot`; none yet: fresh states).
     """
 
     def __init__(self, actors: list, hosts: list[list[int]], timeout_s: float | None = None):
         self.actors = actors
+        self.hosts = hosts
         self.actor_of = {c: a for a, ids in enumerate(hosts) for c in ids}
         self.timeout_s = timeout_s
+        self.saved: dict[int, ClientSnapshot] = {}  # the clients at the last checkpoint
+        self.lost: set[int] = set()  # actors that died during a call
+        self.restored = 0  # clients whose checkpointed state was loaded into a restarted actor
+
+    def _recover(self, actor_ids) -> None:
+        """Load the last checkpoint's client states into restarted actors; an actor still down stays lost."""
+        pending = {a: self.actors[a].load.remote({c: self.saved[c] for c in self.hosts[a] if c in self.saved})
+                   for a in self.lost.intersection(actor_ids)}
+        for a in self._gather(pending):
+            self.lost.discard(a)
+            self.restored += sum(1 for c in self.hosts[a] if c in self.saved)
 
     def _gather(self, calls: dict[int, ray.ObjectRef]) -> dict[int, list]:
         """Replies by actor, of the calls that returned within the timeout without their actor dying."""
@@ -45,7 +58,7 @@ class RayPool:
             try:
                 replies[a] = ray.get(ref)
             except ray.exceptions.RayActorError:
-                continue  # the actor's process died during the call
+                self.lost.add(a)  # its process died during the call
         return replies
 
     def _by_actor(self, client_ids: list[int]) -> dict[int, list[int]]:
@@ -57,18 +70,30 @@ class RayPool:
     def train(self, client_ids: list[int], payload: Payload, rnd: int) -> list[ClientMessage]:
         ref = ray.put(payload)  # one object per round, read by every actor
         groups = self._by_actor(client_ids)
+        self._recover(groups)
         replies = self._gather({a: self.actors[a].train.remote(ref, rnd, ids) for a, ids in groups.items()})
         by_client = {m.client_id: m for msgs in replies.values() for m in msgs}
         return [by_client[c] for c in client_ids if c in by_client]
 
     def evaluate(self, payload: Payload, rnd: int) -> list[ClientEval]:
         ref = ray.put(payload)
+        self._recover(range(len(self.actors)))
         replies = self._gather({a: actor.evaluate.remote(ref, rnd) for a, actor in enumerate(self.actors)})
         # Evaluation changes no state, so the actors that failed it are asked once more (a restarted
         # actor answers this time); training is never repeated within a round.
         missing = [a for a in range(len(self.actors)) if a not in replies]
+        self._recover(missing)
         replies.update(self._gather({a: self.actors[a].evaluate.remote(ref, rnd) for a in missing}) if missing else {})
         return [e for a in sorted(replies) for e in replies[a]]
+
+    def snapshot(self) -> dict[int, ClientSnapshot]:
+        """Every client's state, from every actor (a checkpoint must be whole: no timeout, no dropout)."""
+        self.saved = {c: snap for part in ray.get([a.snapshot.remote() for a in self.actors]) for c, snap in part.items()}
+        return self.saved
+
+    def load(self, snapshots: dict[int, ClientSnapshot]) -> None:
+        ray.get([a.load.remote({c: snapshots[c] for c in ids if c in snapshots}) for a, ids in zip(self.actors, self.hosts)])
+        self.saved = dict(snapshots)
 
     def states(self, client_ids: list[int]) -> list:
         groups = self._by_actor(client_ids)
@@ -108,7 +133,17 @@ class ServerActor:
         return [i for infos in ray.get([a.info.remote() for a in self.pool.actors]) for i in infos]
 
     def step(self, rnd: int) -> dict[str, float]:
-        return self.server.step(self.pool, rnd)
+        metrics = self.server.step(self.pool, rnd)
+        if rnd > 0:
+            metrics["clients_restored"] = float(self.pool.restored)
+            self.pool.restored = 0
+        return metrics
+
+    def checkpoint(self, rnd: int) -> dict:
+        return self.server.checkpoint(self.pool, rnd)
+
+    def restore(self, checkpoint: dict) -> int:
+        return self.server.restore(self.pool, checkpoint)
 
     def client_table(self) -> list[dict]:
         return [e.row() for e in self.server.last_evals]

@@ -177,6 +177,12 @@ class SweepSettings(StrictModel):
         None, min_length=1, description="Seeds crossed with the grid; null = the config's seed."
     )
     storage_path: str = Field("ray_results", description="Where Tune keeps trial results (absolute, relative or URI).")
+    checkpoint_every: int = Field(
+        5,
+        ge=0,
+        description="Rounds between a trial's checkpoints (global model, server and client states); a "
+        "resumed or retried trial restarts after its last one. 0 = no checkpoints (restart from round 0).",
+    )
     trial_retries: int = Field(
         1,
         ge=0,

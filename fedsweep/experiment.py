@@ -79,17 +79,25 @@ class ExperimentRunner:
         ).remote(cfg, self.pg)
         self.clients_info = ray.get(self.server.clients_info.remote(), timeout=self.start_timeout_s)
 
-    def rounds(self) -> Iterator[dict[str, float]]:
-        """Round 0 (initial evaluation) to ``rounds``; each item carries ``wall_time_s`` since round 1 began."""
+    def rounds(self, start: int = 0) -> Iterator[dict[str, float]]:
+        """Rounds ``start`` (0: initial evaluation) to ``rounds``; each item carries ``wall_time_s`` since
+        the first training round of this run began."""
         t0 = time.perf_counter()
-        for rnd in range(self.cfg.rounds + 1):
-            if rnd == 1:
+        for rnd in range(start, self.cfg.rounds + 1):
+            if rnd == max(start, 1):
                 t0 = time.perf_counter()
             metrics = ray.get(self.server.step.remote(rnd))
             metrics["wall_time_s"] = time.perf_counter() - t0 if rnd else 0.0
             yield metrics
             if metrics.get("diverged"):
                 return
+
+    def checkpoint(self, rnd: int) -> dict:
+        return ray.get(self.server.checkpoint.remote(rnd))
+
+    def restore(self, checkpoint: dict) -> int:
+        """Load a checkpoint into the started actors; returns the round to run next."""
+        return ray.get(self.server.restore.remote(checkpoint))
 
     def client_table(self) -> list[dict]:
         return ray.get(self.server.client_table.remote())
@@ -112,22 +120,33 @@ def execute(
     logger: RunLogger | None,
     on_round: Callable[[dict[str, float]], None] = lambda m: None,
     trial_placement_group: PlacementGroup | None = None,
+    checkpoint_every: int = 0,
+    on_checkpoint: Callable[[dict[str, float], dict], None] | None = None,
+    resume: dict | None = None,
 ) -> list[dict[str, float]]:
     """Run ``cfg`` to the end: every round is logged to MLflow, every round is passed to ``on_round``.
 
-    The MLflow run ends FINISHED, or FAILED with outcome ``diverged`` (non-finite
-    global model) or ``error``; the exception is re-raised.
+    Every ``checkpoint_every`` rounds (after logging) ``on_checkpoint(metrics, checkpoint)`` is called
+    instead of ``on_round``; ``resume`` (such a checkpoint) restarts after its round, and rounds the
+    logger already holds are not logged twice. The MLflow run ends FINISHED, or FAILED with outcome
+    ``diverged`` (non-finite global model) or ``error``; the exception is re-raised.
     """
     runner = ExperimentRunner(cfg, trial_placement_group)
     history: list[dict[str, float]] = []
     finished = False
     try:
         runner.start()
-        for metrics in runner.rounds():
+        start = runner.restore(resume) if resume is not None else 0
+        for metrics in runner.rounds(start):
             history.append(metrics)
-            if logger:
+            rnd = int(metrics["round"])
+            if logger and rnd > logger.logged_through:
                 logger.log_round(metrics)
-            on_round(metrics)
+            if on_checkpoint and checkpoint_every and rnd % checkpoint_every == 0 and 0 < rnd < cfg.rounds \
+                    and not metrics.get("diverged"):
+                on_checkpoint(metrics, runner.checkpoint(rnd))
+            else:
+                on_round(metrics)
         diverged = bool(history and history[-1].get("diverged"))
         if logger:
             finished = True

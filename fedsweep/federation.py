@@ -20,6 +20,8 @@ from fedsweep.evaluation import ClientEval, score, summarize
 from fedsweep.models import FlatModel, build_model
 
 Payload = dict[str, np.ndarray]
+#: A client in a checkpoint: (its algorithm state or None before it first trained, times trained).
+ClientSnapshot = tuple[Payload | None, int]
 
 # Streams of randomness, kept apart so that e.g. evaluation never shifts training batches.
 _TRAIN, _EVAL, _SAMPLE = 1, 2, 3
@@ -79,6 +81,14 @@ class Client:
     def get_state(self) -> Payload | None:
         return None if self.state is None else to_numpy(self.state)
 
+    def snapshot(self) -> ClientSnapshot:
+        """What a checkpoint keeps of this client: its algorithm state and how often it trained."""
+        return self.get_state(), self.times_trained
+
+    def load(self, snapshot: ClientSnapshot) -> None:
+        state, self.times_trained = snapshot
+        self.state = None if state is None else to_tensors(state, self.device)
+
 
 class ClientPool(Protocol):
     """Where the clients live: in this process (:class:`LocalPool`) or in Ray actors."""
@@ -86,6 +96,10 @@ class ClientPool(Protocol):
     def train(self, client_ids: list[int], payload: Payload, rnd: int) -> list[ClientMessage]: ...
 
     def evaluate(self, payload: Payload, rnd: int) -> list[ClientEval]: ...
+
+    def snapshot(self) -> dict[int, ClientSnapshot]: ...
+
+    def load(self, snapshots: dict[int, ClientSnapshot]) -> None: ...
 
 
 class LocalPool:
@@ -97,6 +111,13 @@ class LocalPool:
 
     def evaluate(self, payload: Payload, rnd: int) -> list[ClientEval]:
         return [c.evaluate(payload, rnd) for c in self.clients]
+
+    def snapshot(self) -> dict[int, ClientSnapshot]:
+        return {c.client_id: c.snapshot() for c in self.clients}
+
+    def load(self, snapshots: dict[int, ClientSnapshot]) -> None:
+        for i, snap in snapshots.items():
+            self.clients[i].load(snap)
 
 
 class Server:
@@ -111,6 +132,26 @@ class Server:
         self.uploads = 0
         self.downloads = 0
         self.last_evals: list[ClientEval] = []
+
+    def checkpoint(self, pool: ClientPool, rnd: int) -> dict:
+        """Everything round ``rnd + 1`` depends on: global vector, server state, counters, every client's
+        state. Randomness needs no saving: every draw is seeded by (seed, client, round, stream)."""
+        return {
+            "round": rnd,
+            "params": self.params.numpy().copy(),
+            "server_state": to_numpy(self.state),
+            "uploads": self.uploads,
+            "downloads": self.downloads,
+            "clients": pool.snapshot(),
+        }
+
+    def restore(self, pool: ClientPool, checkpoint: dict) -> int:
+        """Load :meth:`checkpoint`'s output; returns the round to run next."""
+        self.params = torch.tensor(checkpoint["params"])
+        self.state = {k: torch.tensor(v) for k, v in checkpoint["server_state"].items()}
+        self.uploads, self.downloads = int(checkpoint["uploads"]), int(checkpoint["downloads"])
+        pool.load(checkpoint["clients"])
+        return int(checkpoint["round"]) + 1
 
     def sample(self, rnd: int) -> list[int]:
         """⌈r·n⌉ (or ``clients_per_round``) distinct clients, uniformly, from a per-round seeded RNG."""

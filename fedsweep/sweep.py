@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import ray
 from ray import tune
 
+from fedsweep import checkpoint as checkpoint_files
 from fedsweep.config import ConfigError, ExperimentConfig, Sweep
 from fedsweep.experiment import check_cluster, connect_ray, execute
 from fedsweep.tracking import TAG_PREFIX, RunLogger, client, ensure_experiment, resolve_tracking_uri
@@ -28,11 +30,11 @@ def _git_sha() -> str:
 SWEEP_STATE = "fedsweep_sweep.json"
 
 
-def _earlier_attempts(tracking: dict[str, str], trial_id: str):
+def _earlier_attempts(tracking: dict[str, str], trial_id: str, keep: str | None = None):
     """Before a trial (re)starts, its earlier MLflow runs under this sweep: one that finished (or
     diverged) is returned, so the trial is not rerun — Tune may not have recorded its end before the
     driver died; unfinished ones (driver killed: RUNNING; crashed: FAILED) are marked KILLED and deleted,
-    so that the sweep ends with exactly one run per trial."""
+    so that the sweep ends with exactly one run per trial; ``keep`` (the run a checkpoint continues) stays."""
     mlflow = client(tracking["uri"])
     earlier = mlflow.search_runs(
         [tracking["experiment_id"]],
@@ -40,6 +42,8 @@ def _earlier_attempts(tracking: dict[str, str], trial_id: str):
     )
     done = None
     for run in earlier:
+        if run.info.run_id == keep:
+            continue
         if run.data.tags.get(f"{TAG_PREFIX}outcome") in ("finished", "diverged") and done is None:
             done = run
         else:
@@ -49,12 +53,19 @@ def _earlier_attempts(tracking: dict[str, str], trial_id: str):
     return done
 
 
-def _trial(config: dict[str, Any], configs: list[ExperimentConfig], overrides: list[dict], tracking: dict[str, str]) -> None:
-    """Tune function trainable: one experiment, reported to Tune at every evaluation round."""
+def _trial(config: dict[str, Any], configs: list[ExperimentConfig], overrides: list[dict], tracking: dict[str, str],
+           checkpoint_every: int = 0) -> None:
+    """Tune function trainable: one experiment, reported to Tune at every evaluation round, with a Tune
+    checkpoint every ``checkpoint_every`` rounds; a restored trial goes on from its last checkpoint."""
     index = config["point"]["trial"]
     cfg = configs[index]
     ctx = tune.get_context()
-    done = _earlier_attempts(tracking, ctx.get_trial_id())
+    resume, run_id = None, None
+    if (saved := tune.get_checkpoint()) is not None:
+        with saved.as_directory() as folder:
+            resume, extra = checkpoint_files.load(folder)
+        run_id = extra["run_id"]
+    done = _earlier_attempts(tracking, ctx.get_trial_id(), keep=run_id)
     if done is not None:  # finished before an interruption: its final metrics, not a rerun
         diverged = done.data.tags.get(f"{TAG_PREFIX}outcome") == "diverged"
         tune.report({**{k: float(v) for k, v in done.data.metrics.items()}, **({"diverged": 1.0} if diverged else {})})
@@ -67,13 +78,29 @@ def _trial(config: dict[str, Any], configs: list[ExperimentConfig], overrides: l
         parent_run_id=tracking["parent_run_id"],
         overrides=overrides[index],
         tags={"ray.trial_id": ctx.get_trial_id(), f"{TAG_PREFIX}trial_index": str(index)},
+        run_id=run_id,
     )
+    last_eval: dict[str, float] = {}
+    if resume is not None:
+        logger.client.set_tag(logger.run_id, f"{TAG_PREFIX}resumed_after_round", str(resume["round"]))
+        last_eval.update(logger.client.get_run(logger.run_id).data.metrics)  # latest value of each metric
 
     def report(metrics: dict[str, float]) -> None:
         if "global_accuracy" in metrics or metrics.get("diverged"):
+            last_eval.update(metrics)
             tune.report({k: float(v) for k, v in metrics.items()})
 
-    execute(cfg, logger, report, trial_placement_group=ray.util.get_current_placement_group())
+    def report_with_checkpoint(metrics: dict[str, float], checkpoint: dict) -> None:
+        if "global_accuracy" in metrics:
+            last_eval.update(metrics)
+        with tempfile.TemporaryDirectory() as folder:
+            checkpoint_files.save(checkpoint, folder, {"run_id": logger.run_id})
+            # with the last evaluation's metrics, so that every result Tune sees has the sweep's metric
+            tune.report({k: float(v) for k, v in {**last_eval, **metrics}.items()},
+                        checkpoint=tune.Checkpoint.from_directory(folder))
+
+    execute(cfg, logger, report, trial_placement_group=ray.util.get_current_placement_group(),
+            checkpoint_every=checkpoint_every, on_checkpoint=report_with_checkpoint, resume=resume)
 
 
 def _storage(sweep: Sweep) -> str:
@@ -138,7 +165,9 @@ def run_sweep(sweep: Sweep, verbose: int = 1, resume: bool = False) -> dict[str,
     tracking = {"uri": uri, "experiment_id": experiment_id, "parent_run_id": parent}
 
     overrides = [t.overrides for t in sweep.trials]
-    trainable = tune.with_parameters(_trial, configs=configs, overrides=overrides, tracking=tracking)
+    trainable = tune.with_parameters(
+        _trial, configs=configs, overrides=overrides, tracking=tracking, checkpoint_every=settings.checkpoint_every
+    )
     trainable = tune.with_resources(
         trainable,
         lambda spec: PlacementGroupFactory(
@@ -167,6 +196,7 @@ def run_sweep(sweep: Sweep, verbose: int = 1, resume: bool = False) -> dict[str,
                 storage_path=_storage(sweep),
                 verbose=verbose,
                 failure_config=tune.FailureConfig(max_failures=settings.trial_retries),
+                checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
             ),
         )
         if "://" not in _storage(sweep):

@@ -87,11 +87,19 @@ class RunLogger:
         parent_run_id: str | None = None,
         overrides: dict[str, Any] | None = None,
         tags: dict[str, str] | None = None,
+        run_id: str | None = None,
     ):
         from mlflow.entities import Param
 
         self.cfg = cfg
         self.client = client(uri)
+        self.logged_through = -1  # the last round whose metrics this run holds
+        self.history: list[dict[str, float]] = []
+        if run_id is not None:  # a trial resumed from a checkpoint goes on logging into its own run
+            self.run_id = run_id
+            self.client.update_run(run_id, status="RUNNING")
+            self._reload_history()
+            return
         all_tags = {
             f"{TAG_PREFIX}algorithm": cfg.algorithm.name,
             f"{TAG_PREFIX}setting": cfg.setting_key(),
@@ -105,7 +113,16 @@ class RunLogger:
         params = [Param(k, json.dumps(v) if isinstance(v, (list, dict)) else str(v)) for k, v in cfg.flat_params().items()]
         for chunk in _batched(params, 100):
             self.client.log_batch(self.run_id, params=chunk)
-        self.history: list[dict[str, float]] = []
+
+    def _reload_history(self) -> None:
+        """The rounds an earlier attempt logged: ``logged_through`` and the evaluations the plot needs."""
+        steps = [m.step for m in self.client.get_metric_history(self.run_id, "uploads")]
+        self.logged_through = max(steps, default=-1)
+        by_round: dict[int, dict[str, float]] = {}
+        for key in PLOTTED:
+            for m in self.client.get_metric_history(self.run_id, key):
+                by_round.setdefault(m.step, {"round": float(m.step)})[key] = m.value
+        self.history = [by_round[r] for r in sorted(by_round)]
 
     def log_round(self, metrics: dict[str, float]) -> None:
         from mlflow.entities import Metric
@@ -118,6 +135,7 @@ class RunLogger:
             if k not in _NOT_METRICS and v is not None and not (isinstance(v, float) and math.isnan(v))
         ]
         self.client.log_batch(self.run_id, metrics=batch)
+        self.logged_through = step
         if "global_accuracy" in metrics:
             self.history.append(metrics)
 
@@ -137,6 +155,11 @@ class RunLogger:
         finally:
             self.client.set_tag(self.run_id, f"{TAG_PREFIX}outcome", outcome or status.lower())
             self.client.set_terminated(self.run_id, status)
+
+
+#: The evaluation metrics :func:`accuracy_plot` draws.
+PLOTTED = ("personalized_accuracy_worst", "personalized_accuracy_best", "personalized_accuracy_mean",
+           "personalized_accuracy_p10", "global_accuracy")
 
 
 def accuracy_plot(history: list[dict[str, float]], title: str):

@@ -51,12 +51,13 @@ def fault_at_round(fault_round: int, fault) -> tuple:
 def run(tracking_uri, on_round, **resources):
     cfg = ExperimentConfig.model_validate(config_dict(
         # enough local work that a round lasts seconds, so the fault lands inside it
-        algorithm={"local_steps": 1500, "batch_size": 32, "participation_rate": 1.0},
+        algorithm={"name": "scaffold", "local_lr": 0.05, "local_steps": 1500, "batch_size": 32, "participation_rate": 1.0},
         rounds=ROUNDS, eval_every=1, resources={"client_max_restarts": 1, **resources},
         tracking={"experiment": "faults"},
     ))
     logger = RunLogger(tracking_uri, ensure_experiment(tracking_uri, "faults"), cfg, run_name="faults")
-    history = execute(cfg, logger, on_round)
+    # a checkpoint every round, held by the server actor: what a restarted client actor is loaded with
+    history = execute(cfg, logger, on_round, checkpoint_every=1, on_checkpoint=lambda m, _: on_round(m))
     return history, logger.run_id
 
 
@@ -75,6 +76,10 @@ def test_client_killed_mid_round_is_dropped_then_restarted(ray_session, tracking
     answered = metric(tracking_uri, run_id, "clients_answered")
     assert dropped == {1: 0.0, 2: 1.0, 3: 0.0, 4: 0.0}  # logged in MLflow, per round
     assert answered == {1: 3.0, 2: 2.0, 3: 3.0, 4: 3.0}  # Ray restarted the actor for round 3
+    # the restarted actor's client got its state from the last checkpoint once, before its next call
+    # (the round-2 evaluation, or round 3 when the actor was still coming back)
+    restored = metric(tracking_uri, run_id, "clients_restored")
+    assert sum(restored.values()) == 1.0 and restored[1] == 0.0 and restored[4] == 0.0
     assert metric(tracking_uri, run_id, "clients_evaluated") == {r: 3.0 for r in range(ROUNDS + 1)}
     assert np.isfinite(history[-1]["global_loss"]) and 0 <= history[-1]["global_accuracy"] <= 1
     from mlflow import MlflowClient

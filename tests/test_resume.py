@@ -55,10 +55,11 @@ def _pgid(p: psutil.Process) -> int | None:
 def test_killed_sweep_resumes_without_rerunning_or_duplicating(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     body = config_dict(
-        algorithm={"local_lr": {"grid": [0.1, 0.05, 0.02]}, "local_steps": 150}, rounds=4, eval_every=2,
+        algorithm={"local_lr": {"grid": [0.1, 0.05, 0.02]}, "local_steps": 150}, rounds=6, eval_every=2,
         resources={"cluster_cpus": 2}, tracking={"experiment": "resume", "tracking_uri": uri},
     )
-    body["sweep"] = {"name": "r", "max_concurrent_trials": 2, "seeds": [0, 1], "storage_path": str(tmp_path / "ray_results")}
+    body["sweep"] = {"name": "r", "max_concurrent_trials": 2, "seeds": [0, 1], "checkpoint_every": 1,
+                     "storage_path": str(tmp_path / "ray_results")}
     path = tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump(body))
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_RUN_ID")}
@@ -70,7 +71,14 @@ def test_killed_sweep_resumes_without_rerunning_or_duplicating(tmp_path):
     driver = subprocess.Popen([FEDSWEEP, "sweep", str(path), "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               env=env, cwd=tmp_path, start_new_session=True)
     deadline = time.time() + 300
-    while len([x for x in children(uri) if x.info.status == "FINISHED"]) < 2:
+    def progressed(runs) -> bool:  # 2 trials done, and a running one past a few checkpoints
+        from mlflow import MlflowClient
+
+        running = [x for x in runs if x.info.status == "RUNNING"]
+        steps = [m.step for x in running for m in MlflowClient(uri).get_metric_history(x.info.run_id, "uploads")]
+        return len(runs) - len(running) >= 2 and max(steps, default=0) >= 3
+
+    while not progressed(children(uri)):
         assert driver.poll() is None and time.time() < deadline, "the sweep ended or stalled before it could be killed"
         time.sleep(0.5)
     kill_group(driver)
@@ -83,18 +91,24 @@ def test_killed_sweep_resumes_without_rerunning_or_duplicating(tmp_path):
                        cwd=tmp_path, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
 
+    from mlflow import MlflowClient
+
+    c = MlflowClient(uri)
     after = children(uri)
     assert len(after) == TRIALS and all(x.info.status == "FINISHED" for x in after)
     assert len({x.data.tags["ray.trial_id"] for x in after}) == TRIALS  # one run per trial
     assert not [x for x in children(uri, "ALL") if x.info.status == "RUNNING"]  # no orphan left RUNNING
-    deleted = [x for x in children(uri, "DELETED_ONLY")]  # the attempts the kill interrupted: KILLED, then deleted
-    assert deleted and all(x.info.status == "KILLED" for x in deleted)
+    # interrupted attempts that had no checkpoint Tune knew of were KILLED and deleted; the others went
+    # on in their own run from their last checkpoint
+    assert all(x.info.status == "KILLED" for x in children(uri, "DELETED_ONLY"))
+    resumed = [x for x in after if "fedsweep.resumed_after_round" in x.data.tags]
+    print("resumed after rounds:", [x.data.tags["fedsweep.resumed_after_round"] for x in resumed])
+    assert resumed, "no trial went on from a checkpoint"
+    for x in after:  # each round logged exactly once, resumed or not
+        assert [m.step for m in c.get_metric_history(x.info.run_id, "uploads")] == list(range(7))
     # finished trials were not rerun: same runs, untouched
     assert {x.info.run_id: x.info.end_time for x in after if x.info.run_id in finished_before} == finished_before
 
-    from mlflow import MlflowClient
-
-    c = MlflowClient(uri)
     parents = [x for x in c.search_runs([c.get_experiment_by_name("resume").experiment_id]) if x.data.tags.get("fedsweep.sweep")]
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
 
