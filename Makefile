@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test ui clean browser
+.PHONY: setup demo test ui clean test-services
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -22,15 +22,16 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/fedsweep sweep sweeps/default.yaml
 
-# The MLflow UI test drives Debian's chromium headless (Selenium, chromium-driver); installed here when
-# missing and this runs as root, else tests/test_mlflow_ui.py fails saying what to install.
-browser:
-	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
-	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; } || true
+# Debian packages the tests start for real: chromium + chromium-driver (the MLflow UI test, headless)
+# and the PostgreSQL server (the MLflow store test). Installed here when missing and this runs as
+# root; otherwise the tests that need them fail saying what to install.
+test-services:
+	@{ command -v chromium && command -v chromedriver && ls /usr/lib/postgresql/*/bin/initdb; } >/dev/null 2>&1 || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver postgresql >/dev/null; } || true
 
 # pytest exits 5 when it collects no test; that is a failure here, as is any other non-zero code.
-test: $(STAMP) browser
+test: $(STAMP) test-services
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 ui: $(STAMP)

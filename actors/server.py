@@ -86,6 +86,11 @@ class RayPool:
         replies.update(self._gather({a: self.actors[a].evaluate.remote(ref, rnd) for a in missing}) if missing else {})
         return [e for a in sorted(replies) for e in replies[a]]
 
+    def take_restored(self) -> int:
+        """Clients loaded from a checkpoint into restarted actors since the last call."""
+        n, self.restored = self.restored, 0
+        return n
+
     def snapshot(self) -> dict[int, ClientSnapshot]:
         """Every client's state, from every actor (a checkpoint must be whole: no timeout, no dropout)."""
         self.saved = {c: snap for part in ray.get([a.snapshot.remote() for a in self.actors]) for c, snap in part.items()}
@@ -133,11 +138,7 @@ class ServerActor:
         return [i for infos in ray.get([a.info.remote() for a in self.pool.actors]) for i in infos]
 
     def step(self, rnd: int) -> dict[str, float]:
-        metrics = self.server.step(self.pool, rnd)
-        if rnd > 0:
-            metrics["clients_restored"] = float(self.pool.restored)
-            self.pool.restored = 0
-        return metrics
+        return self.server.step(self.pool, rnd)
 
     def checkpoint(self, rnd: int) -> dict:
         return self.server.checkpoint(self.pool, rnd)

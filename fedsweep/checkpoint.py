@@ -4,6 +4,8 @@ JSON. Nothing is unpickled, so a checkpoint folder can come from shared storage 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -52,3 +54,27 @@ def load(folder: str | Path) -> tuple[dict, dict[str, Any]]:
         "clients": {int(c): (clients.get(int(c)), n) for c, n in meta["times_trained"].items()},
     }
     return checkpoint, meta["extra"]
+
+
+def save_latest(checkpoint: dict, trial_dir: str | Path, extra: dict[str, Any] | None = None) -> Path:
+    """Write ``round_NNNNNN`` under ``trial_dir`` atomically (a hidden folder renamed into place), then
+    remove older rounds: whenever the process dies, the newest complete checkpoint is on disk."""
+    trial_dir = Path(trial_dir)
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    final = trial_dir / f"round_{checkpoint['round']:06d}"
+    partial = trial_dir / f".{final.name}.{os.getpid()}"
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir()
+    save(checkpoint, partial, extra)
+    shutil.rmtree(final, ignore_errors=True)
+    partial.rename(final)
+    for older in trial_dir.glob("round_*"):
+        if older.name < final.name:
+            shutil.rmtree(older, ignore_errors=True)
+    return final
+
+
+def load_latest(trial_dir: str | Path) -> tuple[dict, dict[str, Any]] | None:
+    """The newest checkpoint :func:`save_latest` wrote under ``trial_dir``, or None."""
+    rounds = sorted(Path(trial_dir).glob("round_*")) if Path(trial_dir).is_dir() else []
+    return load(rounds[-1]) if rounds else None

@@ -101,6 +101,10 @@ class ClientPool(Protocol):
 
     def load(self, snapshots: dict[int, ClientSnapshot]) -> None: ...
 
+    def take_restored(self) -> int:
+        """Clients whose state was reloaded from a checkpoint after their host restarted, since the last call."""
+        ...
+
 
 class LocalPool:
     def __init__(self, clients: list[Client]):
@@ -118,6 +122,9 @@ class LocalPool:
     def load(self, snapshots: dict[int, ClientSnapshot]) -> None:
         for i, snap in snapshots.items():
             self.clients[i].load(snap)
+
+    def take_restored(self) -> int:
+        return 0  # in-process clients never restart
 
 
 class Server:
@@ -209,6 +216,8 @@ class Server:
         diverged = not bool(torch.isfinite(self.params).all())
         if rnd in self.eval_rounds or diverged:
             metrics.update(self.evaluate(pool, rnd))
+        if rnd > 0:
+            metrics["clients_restored"] = float(pool.take_restored())
         metrics.update(uploads=float(self.uploads), downloads=float(self.downloads), transmissions=float(self.uploads + self.downloads))
         if diverged:
             metrics["diverged"] = 1.0

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -42,11 +41,9 @@ def _earlier_attempts(tracking: dict[str, str], trial_id: str, keep: str | None 
     )
     done = None
     for run in earlier:
-        if run.info.run_id == keep:
-            continue
         if run.data.tags.get(f"{TAG_PREFIX}outcome") in ("finished", "diverged") and done is None:
             done = run
-        else:
+        elif run.info.run_id != keep:
             if run.info.status == "RUNNING":
                 mlflow.set_terminated(run.info.run_id, "KILLED")
             mlflow.delete_run(run.info.run_id)
@@ -54,17 +51,17 @@ def _earlier_attempts(tracking: dict[str, str], trial_id: str, keep: str | None 
 
 
 def _trial(config: dict[str, Any], configs: list[ExperimentConfig], overrides: list[dict], tracking: dict[str, str],
-           checkpoint_every: int = 0) -> None:
-    """Tune function trainable: one experiment, reported to Tune at every evaluation round, with a Tune
-    checkpoint every ``checkpoint_every`` rounds; a restored trial goes on from its last checkpoint."""
+           checkpoint_every: int = 0, checkpoint_root: str | None = None) -> None:
+    """Tune function trainable: one experiment, reported to Tune at every evaluation round. Every
+    ``checkpoint_every`` rounds it saves a checkpoint under ``checkpoint_root/trial_NNNN`` (kept by
+    fedsweep, not Tune, so that what is on disk never depends on when Tune last saved its own state);
+    a trial that starts again (resume, retry) goes on from the newest one."""
     index = config["point"]["trial"]
     cfg = configs[index]
     ctx = tune.get_context()
-    resume, run_id = None, None
-    if (saved := tune.get_checkpoint()) is not None:
-        with saved.as_directory() as folder:
-            resume, extra = checkpoint_files.load(folder)
-        run_id = extra["run_id"]
+    trial_dir = Path(checkpoint_root) / f"trial_{index:04d}" if checkpoint_root else None
+    saved = checkpoint_files.load_latest(trial_dir) if trial_dir else None
+    resume, run_id = saved[0] if saved else None, saved[1]["run_id"] if saved else None
     done = _earlier_attempts(tracking, ctx.get_trial_id(), keep=run_id)
     if done is not None:  # finished before an interruption: its final metrics, not a rerun
         diverged = done.data.tags.get(f"{TAG_PREFIX}outcome") == "diverged"
@@ -80,27 +77,19 @@ def _trial(config: dict[str, Any], configs: list[ExperimentConfig], overrides: l
         tags={"ray.trial_id": ctx.get_trial_id(), f"{TAG_PREFIX}trial_index": str(index)},
         run_id=run_id,
     )
-    last_eval: dict[str, float] = {}
     if resume is not None:
         logger.client.set_tag(logger.run_id, f"{TAG_PREFIX}resumed_after_round", str(resume["round"]))
-        last_eval.update(logger.client.get_run(logger.run_id).data.metrics)  # latest value of each metric
 
     def report(metrics: dict[str, float]) -> None:
         if "global_accuracy" in metrics or metrics.get("diverged"):
-            last_eval.update(metrics)
             tune.report({k: float(v) for k, v in metrics.items()})
 
-    def report_with_checkpoint(metrics: dict[str, float], checkpoint: dict) -> None:
-        if "global_accuracy" in metrics:
-            last_eval.update(metrics)
-        with tempfile.TemporaryDirectory() as folder:
-            checkpoint_files.save(checkpoint, folder, {"run_id": logger.run_id})
-            # with the last evaluation's metrics, so that every result Tune sees has the sweep's metric
-            tune.report({k: float(v) for k, v in {**last_eval, **metrics}.items()},
-                        checkpoint=tune.Checkpoint.from_directory(folder))
+    def save_and_report(metrics: dict[str, float], checkpoint: dict) -> None:
+        checkpoint_files.save_latest(checkpoint, trial_dir, {"run_id": logger.run_id})
+        report(metrics)
 
     execute(cfg, logger, report, trial_placement_group=ray.util.get_current_placement_group(),
-            checkpoint_every=checkpoint_every, on_checkpoint=report_with_checkpoint, resume=resume)
+            checkpoint_every=checkpoint_every if trial_dir else 0, on_checkpoint=save_and_report, resume=resume)
 
 
 def _storage(sweep: Sweep) -> str:
@@ -165,8 +154,14 @@ def run_sweep(sweep: Sweep, verbose: int = 1, resume: bool = False) -> dict[str,
     tracking = {"uri": uri, "experiment_id": experiment_id, "parent_run_id": parent}
 
     overrides = [t.overrides for t in sweep.trials]
+    if restore_from is not None:
+        experiment_dir = restore_from[0]
+    else:
+        name = f"{settings.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        experiment_dir = Path(_storage(sweep)) / name if "://" not in _storage(sweep) else None
     trainable = tune.with_parameters(
-        _trial, configs=configs, overrides=overrides, tracking=tracking, checkpoint_every=settings.checkpoint_every
+        _trial, configs=configs, overrides=overrides, tracking=tracking, checkpoint_every=settings.checkpoint_every,
+        checkpoint_root=str(experiment_dir / "fedsweep_checkpoints") if experiment_dir else None,
     )
     trainable = tune.with_resources(
         trainable,
@@ -179,7 +174,6 @@ def run_sweep(sweep: Sweep, verbose: int = 1, resume: bool = False) -> dict[str,
         tuner = tune.Tuner.restore(str(restore_from[0]), trainable, resume_unfinished=True, restart_errored=True)
     else:
         mlflow.log_text(parent, sweep.source, "sweep.yaml")
-        name = f"{settings.name}-{time.strftime('%Y%m%d-%H%M%S')}"
         tuner = tune.Tuner(
             trainable,
             param_space={"point": tune.grid_search([{"trial": t.index, **t.overrides} for t in sweep.trials])},
@@ -196,14 +190,12 @@ def run_sweep(sweep: Sweep, verbose: int = 1, resume: bool = False) -> dict[str,
                 storage_path=_storage(sweep),
                 verbose=verbose,
                 failure_config=tune.FailureConfig(max_failures=settings.trial_retries),
-                checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
             ),
         )
-        if "://" not in _storage(sweep):
-            folder = Path(_storage(sweep)) / name
-            folder.mkdir(parents=True, exist_ok=True)
+        if experiment_dir is not None:
+            experiment_dir.mkdir(parents=True, exist_ok=True)
             state = {"parent_run_id": parent, "yaml_sha1": sweep.source_hash(), "source_file": sweep.path}
-            (folder / SWEEP_STATE).write_text(json.dumps(state, indent=1))
+            (experiment_dir / SWEEP_STATE).write_text(json.dumps(state, indent=1))
     status = "FAILED"
     try:
         results = tuner.fit()

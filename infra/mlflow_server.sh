@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # An MLflow tracking server with a SQL backend store and a local artifact root.
 # Binds 127.0.0.1 unless MLFLOW_HOST is set. SQLite suits one user; for many concurrent trials on a
-# cluster use PostgreSQL: BACKEND_STORE_URI=postgresql://user:pass@db:5432/mlflow (needs psycopg2).
+# cluster use PostgreSQL: BACKEND_STORE_URI=postgresql://user:pass@db:5432/mlflow (needs psycopg, in fedsweep's test extra).
 #   infra/mlflow_server.sh            # http://127.0.0.1:5000, ./mlflow-server/mlflow.db
 #   MLFLOW_TRACKING_URI=http://127.0.0.1:5000 fedsweep sweep sweeps/default.yaml
 set -euo pipefail

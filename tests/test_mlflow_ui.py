@@ -1,15 +1,17 @@
-"""The recommended store under concurrent trials, and what an analyst sees: `infra/mlflow_server.sh`
-(SQL backend, served artifacts, 127.0.0.1) receives a sweep whose trials log two at a time over HTTP;
-then Debian's chromium, headless under Selenium, opens the MLflow UI and finds the experiment, its runs
-and a per-round metric chart with one point per evaluated round."""
+"""The recommended store under concurrent trials, and what an analyst sees: a PostgreSQL server (Debian's,
+started here on 127.0.0.1) behind `infra/mlflow_server.sh` (served artifacts, 127.0.0.1) receives a sweep
+whose trials log two at a time over HTTP; then Debian's chromium, headless under Selenium, opens the
+MLflow UI and finds the experiment, its runs and a per-round metric chart with one point per round."""
 
 from __future__ import annotations
 
 import os
+import glob
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -29,12 +31,47 @@ CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 ROUNDS = 4
 
 
+def _pg_bin() -> Path:
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    if not found:
+        pytest.fail("the store test needs Debian's PostgreSQL server: apt-get install postgresql")
+    return Path(found[-1]).parent
+
+
 @pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory):
-    """`infra/mlflow_server.sh` on a free loopback port, stopped with its process group."""
+def postgres():
+    """A throw-away PostgreSQL cluster on a free loopback port (trust auth, socket in its own folder); as
+    root it runs as the `postgres` user, since the server refuses to run as root."""
+    bin_dir, port = _pg_bin(), free_port()
+    as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    folder = Path(tempfile.mkdtemp(prefix="fedsweep-pg-"))
+    folder.chmod(0o755)
+    if as_user:
+        shutil.chown(folder, "postgres", "postgres")
+    data = folder / "data"
+    subprocess.run([*as_user, str(bin_dir / "initdb"), "-D", str(data), "--auth=trust", "-U", "postgres"],
+                   check=True, capture_output=True)
+    proc = subprocess.Popen([*as_user, str(bin_dir / "postgres"), "-D", str(data), "-h", "127.0.0.1", "-p", str(port),
+                             "-k", str(folder)], stdout=subprocess.DEVNULL, stderr=open(folder.parent / f"{folder.name}.log", "w"),
+                            start_new_session=True)
+    deadline = time.time() + 60
+    while subprocess.run([str(bin_dir / "pg_isready"), "-h", "127.0.0.1", "-p", str(port)], capture_output=True).returncode:
+        if proc.poll() is not None or time.time() > deadline:
+            pytest.fail(f"postgres did not start: {(folder.parent / f'{folder.name}.log').read_text()[-2000:]}")
+        time.sleep(0.5)
+    subprocess.run([str(bin_dir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "mlflow"], check=True)
+    yield f"postgresql://postgres@127.0.0.1:{port}/mlflow"
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=60)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory, postgres):
+    """`infra/mlflow_server.sh` on a free loopback port, PostgreSQL behind it, stopped with its process group."""
     tmp = tmp_path_factory.mktemp("mlflow-server")
     port = free_port()
-    env = {**os.environ, "MLFLOW_PORT": str(port), "MLFLOW_SERVER_DIR": str(tmp / "srv")}
+    env = {**os.environ, "MLFLOW_PORT": str(port), "MLFLOW_SERVER_DIR": str(tmp / "srv"), "BACKEND_STORE_URI": postgres}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     log = open(tmp / "server.log", "w")
     proc = subprocess.Popen(["bash", str(ROOT / "infra" / "mlflow_server.sh")], stdout=log, stderr=subprocess.STDOUT,
@@ -120,16 +157,25 @@ def test_ui_shows_experiment_runs_and_a_metric_chart(logged_sweep, browser, tmp_
     from mlflow import MlflowClient
     from selenium.webdriver.support.ui import WebDriverWait
 
+    body = lambda d: d.find_element("tag name", "body").text  # noqa: E731
     url, _ = logged_sweep
     c = MlflowClient(url)
     exp = c.get_experiment_by_name("ui-test")
     runs = c.search_runs([exp.experiment_id])
     child = next(r for r in runs if "mlflow.parentRunId" in r.data.tags)
-    wait = WebDriverWait(browser, 90, poll_frequency=1)
+    waiter = WebDriverWait(browser, 90, poll_frequency=1)
+
+    def wait(condition, what: str):
+        from selenium.common.exceptions import TimeoutException
+
+        try:
+            return waiter.until(condition)
+        except TimeoutException:
+            browser.save_screenshot(str(tmp_path / "timeout.png"))
+            pytest.fail(f"the UI did not show {what} in 90 s; it shows:\n{body(browser)[:2000]}")
 
     browser.get(f"{url}/#/experiments/{exp.experiment_id}/runs")
-    body = lambda d: d.find_element("tag name", "body").text  # noqa: E731
-    wait.until(lambda d: f"{len(runs)} matching runs" in body(d))
+    wait(lambda d: f"{len(runs)} matching runs" in body(d), f"'{len(runs)} matching runs'")
     text = body(browser)
     browser.save_screenshot(str(tmp_path / "runs.png"))
     assert "ui-test" in text and "Training runs" in text  # the experiment and its runs table
@@ -138,8 +184,12 @@ def test_ui_shows_experiment_runs_and_a_metric_chart(logged_sweep, browser, tmp_
     browser.get(f"{url}/#/experiments/{exp.experiment_id}/runs/{child.info.run_id}/model-metrics")
     chart = ("//*[normalize-space(text())='global_accuracy']/ancestor::*[.//*[contains(@class,'js-plotly-plot')]][1]"
              "//*[contains(@class,'js-plotly-plot')]")
-    plots = wait.until(lambda d: d.find_elements("xpath", chart))
-    points = wait.until(lambda d: len(plots[0].find_elements("css selector", "path.point")) == ROUNDS + 1 or None)
+    # charts render only on screen, and 20 metrics do not fit one: filter them as an analyst would
+    search = wait(lambda d: d.find_elements("css selector", "input[placeholder='Search metric charts']"), "the chart search box")
+    search[0].send_keys("global_accuracy")
+    plots = wait(lambda d: d.find_elements("xpath", chart), "a global_accuracy chart")
+    points = wait(lambda d: len(plots[0].find_elements("css selector", "path.point")) == ROUNDS + 1 or None,
+                  f"{ROUNDS + 1} points on the global_accuracy chart")
     browser.save_screenshot(str(tmp_path / "metrics.png"))
     assert points and child.info.run_name in body(browser)
     assert "Step" in plots[0].text  # x axis: the round
