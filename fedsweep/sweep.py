@@ -133,32 +133,27 @@ def run_sweep(sweep: Sweep, verbose: int = 1, resume: bool = False) -> dict[str,
     experiment_id = ensure_experiment(uri, first.tracking.experiment)
     mlflow = client(uri)
     if restore_from is not None:
-        path, state = restore_from
+        experiment_dir, state = restore_from
         parent = state["parent_run_id"]
         mlflow.update_run(parent, status="RUNNING")
     else:
-        parent = None
-    parent = parent or mlflow.create_run(
-        experiment_id,
-        run_name=settings.name,
-        tags={
-            f"{TAG_PREFIX}sweep": "true",
-            f"{TAG_PREFIX}metric": settings.metric,
-            f"{TAG_PREFIX}mode": settings.mode,
-            f"{TAG_PREFIX}trials": str(len(configs)),
-            f"{TAG_PREFIX}yaml_sha1": sweep.source_hash(),
-            f"{TAG_PREFIX}source_file": sweep.path,
-            "mlflow.source.git.commit": _git_sha(),
-        },
-    ).info.run_id
-    tracking = {"uri": uri, "experiment_id": experiment_id, "parent_run_id": parent}
-
-    overrides = [t.overrides for t in sweep.trials]
-    if restore_from is not None:
-        experiment_dir = restore_from[0]
-    else:
         name = f"{settings.name}-{time.strftime('%Y%m%d-%H%M%S')}"
         experiment_dir = Path(_storage(sweep)) / name if "://" not in _storage(sweep) else None
+        parent = mlflow.create_run(
+            experiment_id,
+            run_name=settings.name,
+            tags={
+                f"{TAG_PREFIX}sweep": "true",
+                f"{TAG_PREFIX}metric": settings.metric,
+                f"{TAG_PREFIX}mode": settings.mode,
+                f"{TAG_PREFIX}trials": str(len(configs)),
+                f"{TAG_PREFIX}yaml_sha1": sweep.source_hash(),
+                f"{TAG_PREFIX}source_file": sweep.path,
+                "mlflow.source.git.commit": _git_sha(),
+            },
+        ).info.run_id
+    tracking = {"uri": uri, "experiment_id": experiment_id, "parent_run_id": parent}
+    overrides = [t.overrides for t in sweep.trials]
     trainable = tune.with_parameters(
         _trial, configs=configs, overrides=overrides, tracking=tracking, checkpoint_every=settings.checkpoint_every,
         checkpoint_root=str(experiment_dir / "fedsweep_checkpoints") if experiment_dir else None,
@@ -171,7 +166,7 @@ def run_sweep(sweep: Sweep, verbose: int = 1, resume: bool = False) -> dict[str,
         ),
     )
     if restore_from is not None:
-        tuner = tune.Tuner.restore(str(restore_from[0]), trainable, resume_unfinished=True, restart_errored=True)
+        tuner = tune.Tuner.restore(str(experiment_dir), trainable, resume_unfinished=True, restart_errored=True)
     else:
         mlflow.log_text(parent, sweep.source, "sweep.yaml")
         tuner = tune.Tuner(
