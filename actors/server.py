@@ -41,14 +41,19 @@ class RayPool:
 
     def _recover(self, actor_ids) -> None:
         """Load the last checkpoint's client states into restarted actors; an actor still down stays lost."""
-        pending = {a: self.actors[a].load.remote({c: self.saved[c] for c in self.hosts[a] if c in self.saved})
-                   for a in self.lost.intersection(actor_ids)}
+        pending = {a: self.actors[a].load.remote(self._of_actor(a, self.saved)) for a in self.lost.intersection(actor_ids)}
         for a in self._gather(pending):
             self.lost.discard(a)
             self.restored += sum(1 for c in self.hosts[a] if c in self.saved)
 
+    def _of_actor(self, a: int, snapshots: dict[int, ClientSnapshot]) -> dict[int, ClientSnapshot]:
+        """The part of ``snapshots`` that belongs to the clients actor ``a`` hosts."""
+        return {c: snapshots[c] for c in self.hosts[a] if c in snapshots}
+
     def _gather(self, calls: dict[int, ray.ObjectRef]) -> dict[int, list]:
         """Replies by actor, of the calls that returned within the timeout without their actor dying."""
+        if not calls:  # e.g. no lost actor to recover: no Ray call on the round's path
+            return {}
         refs = list(calls.values())
         ready = set(ray.wait(refs, num_returns=len(refs), timeout=self.timeout_s)[0])
         replies = {}
@@ -83,7 +88,7 @@ class RayPool:
         # actor answers this time); training is never repeated within a round.
         missing = [a for a in range(len(self.actors)) if a not in replies]
         self._recover(missing)
-        replies.update(self._gather({a: self.actors[a].evaluate.remote(ref, rnd) for a in missing}) if missing else {})
+        replies.update(self._gather({a: self.actors[a].evaluate.remote(ref, rnd) for a in missing}))
         return [e for a in sorted(replies) for e in replies[a]]
 
     def take_restored(self) -> int:
@@ -97,7 +102,7 @@ class RayPool:
         return self.saved
 
     def load(self, snapshots: dict[int, ClientSnapshot]) -> None:
-        ray.get([a.load.remote({c: snapshots[c] for c in ids if c in snapshots}) for a, ids in zip(self.actors, self.hosts)])
+        ray.get([actor.load.remote(self._of_actor(a, snapshots)) for a, actor in enumerate(self.actors)])
         self.saved = dict(snapshots)
 
     def states(self, client_ids: list[int]) -> list:
