@@ -11,14 +11,15 @@ import torch
 from fedsweep.algorithms.base import ClientData, ClientMessage
 from fedsweep.config import ExperimentConfig
 from fedsweep.evaluation import ClientEval
-from fedsweep.federation import Client, ClientSnapshot, Payload
+from fedsweep.federation import Client, ClientSnapshot, Payload, train_clients
 
 
 @ray.remote(num_cpus=0)
 class ClientActor:
     """Wraps :class:`fedsweep.federation.Client` objects; resources are set by ``.options()`` from the trial's bundle.
 
-    Packed clients train one after the other inside the actor; parallelism comes from the actors.
+    Packed clients train one after the other inside the actor, or as one stacked computation with
+    ``resources.vectorize_clients``; parallelism across actors comes from Ray.
     """
 
     def __init__(self, shards: dict[int, ClientData], cfg: ExperimentConfig, num_features: int, num_classes: int):
@@ -29,7 +30,7 @@ class ClientActor:
         self.clients = {i: Client(i, d, cfg, num_features, num_classes, device) for i, d in shards.items()}
 
     def train(self, payload: Payload, rnd: int, client_ids: list[int]) -> list[ClientMessage]:
-        return [self.clients[i].train(payload, rnd) for i in client_ids]
+        return train_clients([self.clients[i] for i in client_ids], payload, rnd)
 
     def evaluate(self, payload: Payload, rnd: int) -> list[ClientEval]:
         return [c.evaluate(payload, rnd) for c in self.clients.values()]

@@ -61,6 +61,12 @@ class ResourcesConfig(StrictModel):
         description="Clients hosted by one ClientActor (their shards, states and models share the process); "
         "1 = one actor per client. Packing trades parallelism for memory and start-up time.",
     )
+    vectorize_clients: bool = Field(
+        False,
+        description="Train the clients packed in one actor as one batched computation (torch.func.vmap over "
+        "their stacked parameters) instead of one after the other; same samples, same numbers up to "
+        "floating-point summation order. Not for the proto transform (pavg, pfldyn/pflscaf with transform: proto).",
+    )
     cluster_cpus: float | None = Field(
         None, gt=0, description="CPUs of the local Ray instance to start; null = all cores of this machine."
     )
@@ -142,6 +148,12 @@ class ExperimentConfig(StrictModel):
         problem = hp.model_problem(self.model.name)
         if problem:
             raise ValueError(f"algorithm.name={hp.name} with model.name={self.model.name}: {problem}")
+        if self.resources.vectorize_clients and not ALGORITHMS[hp.name](hp).can_vectorize():
+            raise ValueError(
+                f"resources.vectorize_clients=true: algorithm.name={hp.name} with transform "
+                f"{getattr(hp, 'transform', 'proto')!r} trains its clients one by one; allowed: false, or an "
+                "algorithm without the proto transform"
+            )
         if self.model.name == "cnn":
             build_model(self.model, input_features(self.data), 10)  # raises if the inputs are not images it can take
         if hp.clients_per_round is not None and hp.clients_per_round > n:

@@ -15,6 +15,7 @@ import torch
 
 from fedsweep.algorithms import build_algorithm
 from fedsweep.algorithms.base import ClientContext, ClientData, ClientMessage, State
+from fedsweep.algorithms.stacked import StackedContext, row, stack_states, stat_of
 from fedsweep.config import ExperimentConfig
 from fedsweep.evaluation import ClientEval, score, summarize
 from fedsweep.models import FlatModel, build_model
@@ -90,6 +91,35 @@ class Client:
         self.state = None if state is None else to_tensors(state, self.device)
 
 
+def train_clients(clients: list[Client], payload: Payload, rnd: int) -> list[ClientMessage]:
+    """Local training of clients hosted together: one after the other, or, with
+    ``resources.vectorize_clients``, as one stacked computation (:mod:`fedsweep.algorithms.stacked`).
+    A round whose clients' states differ in shape (e.g. Ditto before some clients have a personal
+    model) falls back to one by one."""
+    if len(clients) > 1 and clients[0].cfg.resources.vectorize_clients:
+        messages = _train_stacked(clients, payload, rnd)
+        if messages is not None:
+            return messages
+    return [c.train(payload, rnd) for c in clients]
+
+
+def _train_stacked(clients: list[Client], payload: Payload, rnd: int) -> list[ClientMessage] | None:
+    first = clients[0]
+    p = to_tensors(payload, first.device)
+    states = stack_states([c._state(p["params"]) for c in clients])
+    if states is None:
+        return None
+    rows = {k: v.expand(len(clients), *v.shape).clone() for k, v in p.items()}
+    ctx = StackedContext([c._context(rnd, _TRAIN) for c in clients])
+    message, new_states, stats = first.algorithm.client_update(ctx, rows, states)
+    out = []
+    for i, c in enumerate(clients):
+        c.state = row(new_states, i)
+        c.times_trained += 1
+        out.append(ClientMessage(c.client_id, c.data.num_train, to_numpy(row(message, i)), {k: stat_of(v, i) for k, v in stats.items()}))
+    return out
+
+
 class ClientPool(Protocol):
     """Where the clients live: in this process (:class:`LocalPool`) or in Ray actors."""
 
@@ -107,11 +137,17 @@ class ClientPool(Protocol):
 
 
 class LocalPool:
+    """The clients in this process, grouped as the Ray path packs them into actors
+    (``resources.clients_per_actor``), so that vectorized training stacks the same clients together."""
+
     def __init__(self, clients: list[Client]):
         self.clients = clients
 
     def train(self, client_ids: list[int], payload: Payload, rnd: int) -> list[ClientMessage]:
-        return [self.clients[i].train(payload, rnd) for i in client_ids]
+        groups: dict[int, list[Client]] = {}
+        for i in client_ids:
+            groups.setdefault(i // self.clients[i].cfg.resources.clients_per_actor, []).append(self.clients[i])
+        return [m for group in groups.values() for m in train_clients(group, payload, rnd)]
 
     def evaluate(self, payload: Payload, rnd: int) -> list[ClientEval]:
         return [c.evaluate(payload, rnd) for c in self.clients]

@@ -66,10 +66,12 @@ def test_actor_path_matches_in_process_and_repeats_exactly(ray_session):
     assert sum(r["times_trained"] for r in table) == 4 * 2  # ceil(0.6 × 3) = 2 per round
 
 
-def test_packed_clients_give_the_same_numbers(ray_session):
-    """clients_per_actor = 2: 3 clients in 2 actor processes, numbers identical to the in-process loop."""
-    raw = config_dict(algorithm={"participation_rate": 0.6, "personalization_lr": 0.05}, rounds=4, eval_every=2)
-    raw["resources"]["clients_per_actor"] = 2
+@pytest.mark.parametrize("vectorize", [False, True])
+def test_packed_clients_give_the_same_numbers(ray_session, vectorize):
+    """clients_per_actor = 2: 3 clients in 2 actor processes, numbers identical to the in-process loop
+    (which stacks the same clients together when vectorized: r = 1, so clients 0 and 1 train together)."""
+    raw = config_dict(algorithm={"participation_rate": 1.0, "personalization_lr": 0.05}, rounds=4, eval_every=2)
+    raw["resources"].update(clients_per_actor=2, vectorize_clients=vectorize)
     cfg = validate(raw)
     packed, params, info, table = run_actors(cfg)
     local, server = run_local(cfg)

@@ -138,12 +138,21 @@ class ClientMessage:
     stats: dict[str, float] = field(default_factory=dict)
 
 
-def grad(loss: LossFn, params: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, float]:
-    """∇f(w; D) and f(w; D), with no graph kept."""
+def loss_value(value: torch.Tensor) -> float | torch.Tensor:
+    """A loss as a statistic: a number, or a vector of them for stacked clients (:mod:`.stacked`)."""
+    return float(value.detach()) if value.ndim == 0 else value.detach()
+
+
+def grad(loss: LossFn, params: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, float | torch.Tensor]:
+    """∇f(w; D) and f(w; D), with no graph kept.
+
+    For stacked clients the loss is a vector (f_c(w_c))_c over the rows of ``params``: the gradient
+    of its sum is each client's own gradient in its row.
+    """
     w = params.detach().requires_grad_(True)
     value = loss(w, batch)
-    (g,) = torch.autograd.grad(value, w)
-    return g, float(value.detach())
+    (g,) = torch.autograd.grad(value.sum(), w)
+    return g, loss_value(value)
 
 
 def sgd(
@@ -196,6 +205,11 @@ class Algorithm(ABC):
 
     def __init__(self, params: HyperParameters):
         self.hp = params
+
+    def can_vectorize(self) -> bool:
+        """Whether :meth:`client_update` runs unchanged on a :class:`~.stacked.StackedContext` (several
+        clients' rows at once): true when the step is elementwise in w apart from the loss."""
+        return False
 
     def init_client_state(self, global_params: torch.Tensor) -> State:
         """Persistent client state before the client is first sampled."""

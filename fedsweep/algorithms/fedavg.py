@@ -65,6 +65,9 @@ class FedAvg(Algorithm):
     Params = FedAvgParams
     hp: FedAvgParams
 
+    def can_vectorize(self) -> bool:
+        return True
+
     def client_update(self, ctx: ClientContext, payload: State, state: State) -> tuple[State, State, dict[str, float]]:
         w, loss = sgd(ctx, payload["params"], self.hp.local_lr, self.hp.local_steps, self.hp.batch_size)
         return {"params": w}, state, {"local_train_loss": loss}

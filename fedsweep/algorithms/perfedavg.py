@@ -42,8 +42,8 @@ class PerFedAvgParams(PersonalizationMixin):
 def hessian_vector(loss: LossFn, w: torch.Tensor, batch: Batch, v: torch.Tensor) -> torch.Tensor:
     """∇²f(w; D) v by differentiating ⟨∇f(w; D), v⟩ once more."""
     w = w.detach().requires_grad_(True)
-    (g,) = torch.autograd.grad(loss(w, batch), w, create_graph=True)
-    (hv,) = torch.autograd.grad(g @ v.detach(), w)
+    (g,) = torch.autograd.grad(loss(w, batch).sum(), w, create_graph=True)
+    (hv,) = torch.autograd.grad((g * v.detach()).sum(), w)
     return hv
 
 

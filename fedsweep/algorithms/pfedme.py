@@ -27,6 +27,7 @@ from fedsweep.algorithms.base import (
     LossFn,
     State,
     grad,
+    loss_value,
     weighted_average,
 )
 from fedsweep.schema import aliases
@@ -58,6 +59,9 @@ class PFedMe(Algorithm):
     trains_all_clients = True
     hp: PFedMeParams
 
+    def can_vectorize(self) -> bool:
+        return True
+
     def client_update(self, ctx: ClientContext, payload: State, state: State) -> tuple[State, State, dict[str, float]]:
         hp = self.hp
         w = payload["params"].clone()
@@ -66,7 +70,7 @@ class PFedMe(Algorithm):
             batch = ctx.batch(hp.batch_size)
             theta = prox_solve(ctx.loss, theta, w, batch, hp.personalization_lr, hp.inner_steps, hp.coupling)
             w = w - hp.local_lr * hp.coupling * (w - theta)
-            total += float(ctx.loss(theta.detach(), batch))
+            total += loss_value(ctx.loss(theta.detach(), batch))
         return {"params": w}, {"personalized": theta}, {"local_train_loss": total / hp.local_steps}
 
     def server_update(

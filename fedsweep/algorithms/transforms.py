@@ -87,6 +87,10 @@ class TransformHooks:
     def transform_lr(self) -> float:
         return 0.0
 
+    def can_vectorize(self) -> bool:
+        """Proto's class centroids are per-client structures; identity and MAML are elementwise in w."""
+        return self.transform != "proto"
+
     def local_sgd(
         self, ctx: ClientContext, w0: torch.Tensor, lr: float, steps: int, batch_size: int | None, correction: Callable | None = None
     ) -> tuple[torch.Tensor, float]:

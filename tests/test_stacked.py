@@ -1,0 +1,113 @@
+"""Vectorized local training (resources.vectorize_clients): the stacked computation gives each client
+its own loss, gradient and update, the same samples as one by one, and every algorithm that allows it
+reaches the same model as the one-by-one path (in process, no Ray)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedsweep.algorithms import ALGORITHMS
+from fedsweep.algorithms.base import ClientContext, ClientData, grad
+from fedsweep.algorithms.stacked import PAD, StackedContext, pad_stack
+from fedsweep.config import ConfigError, validate
+from fedsweep.federation import run_local
+from fedsweep.models import FlatModel, MLPConfig, build_model
+from tests.conftest import config_dict
+
+
+def contexts(sizes, seed=0):
+    """One context per client, with ``sizes[c]`` training samples each and a shared MLP."""
+    model = FlatModel(build_model(MLPConfig(hidden=[7]), 5, 3))
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for c, n in enumerate(sizes):
+        x, y = torch.randn(n, 5, generator=g), torch.randint(0, 3, (n,), generator=g)
+        out.append(ClientContext(model, ClientData(x, y, x, y), torch.Generator().manual_seed(100 + c)))
+    return model, out
+
+
+def test_pad_stack_keeps_each_batch_and_marks_padding():
+    xs, ys = pad_stack([(torch.ones(2, 3), torch.tensor([1, 2])), (torch.full((4, 3), 2.0), torch.tensor([0, 1, 2, 0]))])
+    assert xs.shape == (2, 4, 3) and ys.tolist() == [[1, 2, PAD, PAD], [0, 1, 2, 0]]
+    assert torch.equal(xs[0, :2], torch.ones(2, 3)) and torch.equal(xs[1], torch.full((4, 3), 2.0))
+
+
+def test_stacked_loss_and_gradient_are_each_clients_own():
+    """Unequal sizes (3 < batch 8 ≤ 11, 30): row c of ∇Σ_c f_c is ∇f_c(w_c; D_c); the same minibatches are drawn."""
+    model, ctxs = contexts([3, 11, 30])
+    twins = [ClientContext(c.model, c.data, torch.Generator().manual_seed(100 + i)) for i, c in enumerate(ctxs)]
+    w = torch.stack([model.initial_vector(s) for s in range(3)])
+    stacked = StackedContext(ctxs)
+    batch = stacked.batch(8)
+    g, values = grad(stacked.loss, w, batch)
+    for c, ctx in enumerate(twins):
+        own = ctx.batch(8)
+        assert torch.equal(batch[1][c, : own[1].shape[0]], own[1])  # the same samples, from the client's generator
+        g_c, v_c = grad(ctx.loss, w[c], own)
+        assert values[c].item() == pytest.approx(v_c, rel=1e-6)
+        assert torch.allclose(g[c], g_c, atol=1e-6)
+    assert values.shape == (3,)
+
+
+COMMON = {"participation_rate": 0.5, "local_steps": 4, "batch_size": 8, "local_lr": 0.05}
+VECTORIZABLE = {
+    "fedavg": {"name": "fedavg", "personalization_lr": 0.05},
+    "perfedavg_fo": {"name": "perfedavg", "variant": "fo", "personalization_lr": 0.05},
+    "perfedavg_hf": {"name": "perfedavg", "variant": "hf", "personalization_lr": 0.05},
+    "perfedavg_exact": {"name": "perfedavg", "variant": "exact", "personalization_lr": 0.05},
+    "pfedme": {"name": "pfedme", "personalization_lr": 0.05, "coupling": 15, "server_mixing": 1.5, "inner_steps": 3},
+    "fedprox": {"name": "fedprox", "mu": 0.1},
+    "ditto": {"name": "ditto", "personalization_lr": 0.05, "coupling": 0.1},
+    "scaffold": {"name": "scaffold"},
+    "feddyn": {"name": "feddyn", "regularization": 0.01},
+    "pfldyn_maml": {"name": "pfldyn", "transform": "maml", "personalization_lr": 0.05},
+    "pflscaf_maml": {"name": "pflscaf", "transform": "maml", "personalization_lr": 0.05},
+}
+
+
+def synthetic(algorithm: dict, vectorize: bool):
+    return validate(
+        {
+            "seed": 3,
+            # power-law sizes: some clients hold fewer samples than a batch, so batches are ragged
+            "data": {"dataset": "synthetic", "num_clients": 8, "alpha": 0.5, "beta": 0.5, "seed": 1},
+            "model": {"name": "mlp", "hidden": [10]},
+            "algorithm": {**COMMON, **algorithm},
+            "rounds": 3,
+            "eval_every": 3,
+            "resources": {"clients_per_actor": 4, "vectorize_clients": vectorize},
+        }
+    )
+
+
+@pytest.mark.parametrize("key", sorted(VECTORIZABLE))
+def test_vectorized_training_reaches_the_same_model(key):
+    one_by_one, s1 = run_local(synthetic(VECTORIZABLE[key], False))
+    stacked, s2 = run_local(synthetic(VECTORIZABLE[key], True))
+    assert torch.allclose(s1.params, s2.params, atol=1e-5), float((s1.params - s2.params).abs().max())
+    for a, b in zip(one_by_one, stacked):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert b[k] == pytest.approx(a[k], abs=1e-4), (key, k)
+
+
+def test_every_algorithm_says_whether_it_vectorizes():
+    """Everything but the proto transform; the list above covers each one that does."""
+    vectorizable = {s["name"] for s in VECTORIZABLE.values()}
+    for name, cls in ALGORITHMS.items():
+        transforms = ["maml", "proto"] if "transform" in cls.Params.model_fields else [None]
+        for t in transforms:
+            hp = cls.Params.model_validate({"name": name, **({"transform": t} if t else {})})
+            algo = cls(hp)
+            assert algo.can_vectorize() == (getattr(algo, "transform", None) != "proto"), (name, t)
+            if algo.can_vectorize():
+                assert name in vectorizable, name
+
+
+def test_vectorizing_a_proto_algorithm_is_refused_early():
+    raw = config_dict(algorithm={"_replace": True, "name": "pavg"})
+    raw["resources"]["vectorize_clients"] = True
+    with pytest.raises(ConfigError) as err:
+        validate(raw)
+    assert "resources.vectorize_clients" in str(err.value) and "proto" in str(err.value)
