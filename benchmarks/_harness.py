@@ -17,25 +17,62 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def measure(script: str, cores: str, args: list[str], timeout_s: float = 1800) -> dict:
-    cmd = ["taskset", "-c", cores, sys.executable, script, "--worker", *args]
+def measure(script: str, cores: str, args: list[str], timeout_s: float = 1800, python: str | None = None) -> dict:
+    """One worker run; ``python`` is another interpreter (a separate virtual environment) if given."""
+    cmd = ["taskset", "-c", cores, python or sys.executable, script, "--worker", *args]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_DEDUP_LOGS": "0"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, cwd=ROOT)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, cwd=ROOT, check=False)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return json.loads(lines[-1])
 
 
-def repeat(script: str, variants: dict[str, tuple[str, list[str]]], repeats: int) -> dict[str, list[dict]]:
-    """{variant: [result per repetition]}; variant -> (cores, worker args)."""
+def repeat(script: str, variants: dict[str, tuple], repeats: int) -> dict[str, list[dict]]:
+    """{variant: [result per repetition]}; variant -> (cores, worker args[, python interpreter])."""
     results: dict[str, list[dict]] = {name: [] for name in variants}
     for rep in range(repeats):
-        for name, (cores, args) in variants.items():
-            r = measure(script, cores, args)
+        for name, (cores, args, *python) in variants.items():
+            r = measure(script, cores, args, python=python[0] if python else None)
             results[name].append(r)
             print(f"  rep {rep + 1}/{repeats} {name}: {json.dumps(r)}", flush=True)
     return results
+
+
+def timed_actor_run(cfg, num_cpus: int) -> tuple[float, float, dict, object]:
+    """Start Ray with ``num_cpus`` and run ``cfg`` on fedsweep's actors: (seconds of rounds 1..R, seconds
+    since the call, the last round's metrics, the final global vector). Round 0 (evaluation of the initial
+    model) is outside the timed rounds."""
+    import time
+
+    import ray
+
+    from fedsweep.experiment import ExperimentRunner
+
+    t0 = time.perf_counter()
+    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+    runner = ExperimentRunner(cfg)
+    try:
+        runner.start()
+        rounds = runner.rounds()
+        next(rounds)
+        t1 = time.perf_counter()
+        for last in rounds:
+            pass
+        t2 = time.perf_counter()
+        params = ray.get(runner.server.global_params.remote())
+    finally:
+        runner.stop()
+        ray.shutdown()
+    return t2 - t1, t2 - t0, last, params
+
+
+def print_ratios(res: dict[str, list[dict]], rows: list[tuple[str, str, str]], width: int = 48) -> None:
+    """One line per (label, numerator, denominator): median paired ratio and the ratios, rounds only | whole run."""
+    for label, num, den in rows:
+        r, rs = ratios(res, num, den, "rounds_s")
+        t, ts = ratios(res, num, den, "total_s")
+        print(f"  {label:{width}s} {r:6.3f} {[round(x, 3) for x in rs]} | {t:6.3f} {[round(x, 3) for x in ts]}")
 
 
 def median(results: list[dict], key: str) -> float:

@@ -7,14 +7,18 @@ evaluation every 10 rounds. Variants, each in a fresh process pinned with taskse
   actors-1  fedsweep's ServerActor + ClientActors, everything on core 0
   actors-2  the same on cores 0-1
 
-each with one client per actor (k=1, the default) and with clients packed k per actor.
+each with one client per actor (k=1, the default: 20 ClientActors) and packed, one ClientActor per CPU
+(k=20 on 1 CPU, k=10 on 2), and packed with ``resources.vectorize_clients`` (``/vec``: the clients an
+actor trains in a round form one stacked computation); ``local/vec/k=K`` is the in-process loop stacking
+the same groups of K clients.
 Printed: medians over the repetitions of the rounds' wall time (rounds 1..R, start-up excluded)
 and of the whole run (Ray start, actor start, rounds), and the paired ratios
 
-  overhead on 1 CPU   = wall(actors-1) / wall(local)
+  overhead on 1 CPU   = wall(actors-1) / wall(local)      (vectorized: actors-1/vec / local/vec, same arithmetic)
   parallel speedup    = wall(actors-1) / wall(actors-2)   and   wall(local) / wall(actors-2)
 
-The final metrics of every variant must be identical (same seed, same arithmetic): checked and printed.
+The final metrics of the one-by-one variants must be identical (same seed, same arithmetic), and so must
+those of the vectorized ones among themselves: checked and printed.
 
     python benchmarks/overhead.py --repeats 3
 """
@@ -29,10 +33,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._harness import median, ratios, repeat  # noqa: E402
+from benchmarks._harness import median, print_ratios, repeat, timed_actor_run
 
 
-def config(args, cpus: float = 1.0, clients_per_actor: int = 1):
+def config(args, cpus: float = 1.0, clients_per_actor: int = 1, vectorize: bool = False):
     from fedsweep.config import validate
 
     actors = -(-args.clients // clients_per_actor)
@@ -49,7 +53,7 @@ def config(args, cpus: float = 1.0, clients_per_actor: int = 1):
             "rounds": args.rounds,
             "eval_every": 10,
             "resources": {"server_cpus": server_cpus, "client_cpus": round((cpus - server_cpus) / actors, 4),
-                          "clients_per_actor": clients_per_actor},
+                          "clients_per_actor": clients_per_actor, "vectorize_clients": vectorize},
         },
         "overhead",
     )
@@ -63,7 +67,7 @@ def worker_local(args) -> dict:
 
     torch.set_num_threads(1)  # as in every actor
     t0 = time.perf_counter()
-    cfg = config(args)
+    cfg = config(args, clients_per_actor=args.clients_per_actor, vectorize=args.vectorize)
     ds = build_federated_dataset(cfg.data)
     server = Server(cfg, ds.num_features, ds.num_classes)
     pool = LocalPool([Client(i, d, cfg, ds.num_features, ds.num_classes) for i, d in enumerate(ds.clients)])
@@ -77,27 +81,8 @@ def worker_local(args) -> dict:
 
 
 def worker_actors(args) -> dict:
-    import ray
-
-    from fedsweep.experiment import ExperimentRunner
-
-    t0 = time.perf_counter()
-    ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False)
-    cfg = config(args, args.cpus, args.clients_per_actor)
-    runner = ExperimentRunner(cfg)
-    try:
-        runner.start()
-        rounds = runner.rounds()
-        next(rounds)  # round 0: evaluation of the initial model, outside the timed rounds as in `local`
-        t1 = time.perf_counter()
-        for last in rounds:
-            pass
-        t2 = time.perf_counter()
-        params = ray.get(runner.server.global_params.remote())
-    finally:
-        runner.stop()
-        ray.shutdown()
-    return {"rounds_s": t2 - t1, "total_s": t2 - t0, "final": last["personalized_accuracy_mean"],
+    rounds_s, total_s, last, params = timed_actor_run(config(args, args.cpus, args.clients_per_actor, args.vectorize), args.cpus)
+    return {"rounds_s": rounds_s, "total_s": total_s, "final": last["personalized_accuracy_mean"],
             "params_sum": float(params.astype("float64").sum())}
 
 
@@ -109,7 +94,7 @@ def main() -> int:
     ap.add_argument("--hidden", type=int, nargs="+", default=[20])
     ap.add_argument("--cpus", type=int, default=1)
     ap.add_argument("--clients-per-actor", type=int, default=1)
-    ap.add_argument("--pack", type=int, default=10, help="clients per actor of the packed variants")
+    ap.add_argument("--vectorize", action="store_true", help="resources.vectorize_clients")
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     if args.worker:
@@ -117,30 +102,44 @@ def main() -> int:
         return 0
 
     common = ["--clients", str(args.clients), "--rounds", str(args.rounds), "--hidden", *map(str, args.hidden)]
+    per_cpu = {cpus: -(-args.clients // cpus) for cpus in (1, 2)}  # packed: one ClientActor per CPU
+    cores = {1: "0", 2: "0,1"}
     variants = {"local": ("0", ["local", *common])}
-    for k in (1, args.pack):
-        for cpus, cores in ((1, "0"), (2, "0,1")):
-            variants[f"actors-{cpus}/k={k}"] = (cores, ["actors", *common, "--cpus", str(cpus), "--clients-per-actor", str(k)])
+    for k in sorted(set(per_cpu.values()), reverse=True):  # the in-process loop stacking the same groups
+        variants[f"local/vec/k={k}"] = ("0", ["local", *common, "--clients-per-actor", str(k), "--vectorize"])
+    for cpus in (1, 2):
+        actors = ["actors", *common, "--cpus", str(cpus)]
+        variants[f"actors-{cpus}/k=1"] = (cores[cpus], [*actors, "--clients-per-actor", "1"])
+        variants[f"actors-{cpus}/k={per_cpu[cpus]}"] = (cores[cpus], [*actors, "--clients-per-actor", str(per_cpu[cpus])])
+        variants[f"actors-{cpus}/k={per_cpu[cpus]}/vec"] = (
+            cores[cpus], [*actors, "--clients-per-actor", str(per_cpu[cpus]), "--vectorize"])
     print(f"FedAvg, Synthetic(0.5,0.5), {args.clients} clients, MLP{args.hidden}, τ=10, r=0.5, {args.rounds} rounds; "
           f"{args.repeats} repetitions, interleaved", flush=True)
     res = repeat(__file__, variants, args.repeats)
 
-    finals = {(r["final"], r["params_sum"]) for rs in res.values() for r in rs}
-    print(f"\nidentical final metrics and parameters across all variants: {len(finals) == 1} {sorted(finals)[:3]}")
+    # Stacking changes the order of float sums, so vectorized runs agree only with those stacking the same groups.
+    groups = {"one by one": [n for n in res if "vec" not in n]}
+    for k in sorted(set(per_cpu.values()), reverse=True):
+        groups[f"vectorized, groups of {k}"] = [n for n in res if n.endswith("vec") and f"k={k}" in n]
+    for label, names in groups.items():
+        finals = {(r["final"], r["params_sum"]) for n in names for r in res[n]}
+        print(f"\nidentical final metrics and parameters, {label} ({', '.join(names)}): {len(finals) == 1} {sorted(finals)[:3]}")
     print("\nmedian wall time (s):        rounds only   whole run")
     for name, rs in res.items():
         print(f"  {name:18s} {median(rs, 'rounds_s'):12.2f} {median(rs, 'total_s'):11.2f}")
     print("\nratios (median of paired ratios; rounds only | whole run):")
-    for k in (1, args.pack):
-        a1, a2 = f"actors-1/k={k}", f"actors-2/k={k}"
-        for label, num, den in (
-            ("overhead on 1 CPU, actors-1 / local", a1, "local"),
-            ("parallel speedup, actors-1 / actors-2", a1, a2),
-            ("speedup over local, local / actors-2", "local", a2),
-        ):
-            r, rs = ratios(res, num, den, "rounds_s")
-            t, ts = ratios(res, num, den, "total_s")
-            print(f"  k={k:<3d} {label:40s} {r:6.3f} {[round(x, 3) for x in rs]} | {t:6.3f} {[round(x, 3) for x in ts]}")
+    k1, k2 = per_cpu[1], per_cpu[2]
+    rows = [
+        ("k=1: overhead on 1 CPU, actors-1 / local", "actors-1/k=1", "local"),
+        ("k=1: parallel speedup, actors-1 / actors-2", "actors-1/k=1", "actors-2/k=1"),
+        ("packed: overhead on 1 CPU, actors-1 / local", f"actors-1/k={k1}", "local"),
+        ("packed: parallel speedup, actors-1 / actors-2", f"actors-1/k={k1}", f"actors-2/k={k2}"),
+        ("packed: speedup over local, local / actors-2", "local", f"actors-2/k={k2}"),
+        ("vec: overhead on 1 CPU, actors-1/vec / local/vec", f"actors-1/k={k1}/vec", f"local/vec/k={k1}"),
+        ("vec: parallel speedup, actors-1/vec / actors-2/vec", f"actors-1/k={k1}/vec", f"actors-2/k={k2}/vec"),
+        ("vec: speedup over local, local / actors-2/vec", "local", f"actors-2/k={k2}/vec"),
+    ]
+    print_ratios(res, rows, width=52)
     return 0
 
 

@@ -78,8 +78,8 @@ class ResourcesConfig(StrictModel):
         1,
         ge=-1,
         description="Times Ray restarts a ClientActor whose process died (-1 = always). A restarted actor "
-        "reloads its clients' shards; their algorithm states start afresh. The round it died in aggregates "
-        "the clients that answered.",
+        "reloads its clients' shards, and their algorithm states from the last checkpoint (sweep.checkpoint_every; "
+        "fresh states before the first). The round it died in aggregates the clients that answered.",
     )
     round_timeout_s: float | None = Field(
         None,
