@@ -14,34 +14,62 @@ from fedsweep.evaluation import ClientEval
 from fedsweep.federation import Client, ClientSnapshot, Payload, train_clients
 
 
+class StaleClientActor(RuntimeError):
+    """The actor holds another experiment's clients: Ray restarted it from the constructor arguments of
+    the experiment it was created for, after it had been reset for a later one."""
+
+
 @ray.remote(num_cpus=0)
 class ClientActor:
     """Wraps :class:`fedsweep.federation.Client` objects; resources are set by ``.options()`` from the trial's bundle.
 
     Packed clients train one after the other inside the actor, or as one stacked computation with
     ``resources.vectorize_clients``; parallelism across actors comes from Ray.
+
+    ``experiment`` numbers the experiments a (warm, reused) actor has hosted; every call names the one
+    it is for, and an actor holding another raises :class:`StaleClientActor`.
     """
 
-    def __init__(self, shards: dict[int, ClientData], cfg: ExperimentConfig, num_features: int, num_classes: int):
+    def __init__(self, shards: dict[int, ClientData], cfg: ExperimentConfig, num_features: int, num_classes: int,
+                 experiment: int = 0):
         # One intra-op thread: an actor holds a fraction of a CPU, and many share the node.
         torch.set_num_threads(1)
+        self.reset(shards, cfg, num_features, num_classes, experiment)
+
+    def reset(self, shards: dict[int, ClientData], cfg: ExperimentConfig, num_features: int, num_classes: int,
+              experiment: int) -> None:
+        """Host ``shards`` for experiment ``cfg`` with fresh states (what a new actor would hold)."""
         use_gpu = cfg.resources.client_gpus > 0 and torch.cuda.is_available()
         device = "cuda" if use_gpu else "cpu"
         self.clients = {i: Client(i, d, cfg, num_features, num_classes, device) for i, d in shards.items()}
+        self.experiment = experiment
 
-    def train(self, payload: Payload, rnd: int, client_ids: list[int]) -> list[ClientMessage]:
+    def _check(self, experiment: int) -> None:
+        if experiment != self.experiment:
+            raise StaleClientActor(f"holds experiment {self.experiment}, asked for {experiment}")
+
+    def train(self, payload: Payload, rnd: int, client_ids: list[int], experiment: int) -> list[ClientMessage]:
+        self._check(experiment)
         return train_clients([self.clients[i] for i in client_ids], payload, rnd)
 
-    def evaluate(self, payload: Payload, rnd: int) -> list[ClientEval]:
+    def evaluate(self, payload: Payload, rnd: int, experiment: int) -> list[ClientEval]:
+        self._check(experiment)
         return [c.evaluate(payload, rnd) for c in self.clients.values()]
 
-    def get_states(self, client_ids: list[int]) -> list[Payload | None]:
+    def get_states(self, client_ids: list[int], experiment: int) -> list[Payload | None]:
+        self._check(experiment)
         return [self.clients[i].get_state() for i in client_ids]
 
-    def snapshot(self) -> dict[int, ClientSnapshot]:
+    def snapshot(self, experiment: int) -> dict[int, ClientSnapshot]:
+        self._check(experiment)
         return {i: c.snapshot() for i, c in self.clients.items()}
 
-    def load(self, snapshots: dict[int, ClientSnapshot]) -> None:
+    def load(self, snapshots: dict[int, ClientSnapshot], setup: tuple | None = None) -> None:
+        """Load client states; with ``setup`` (the arguments of :meth:`reset`, the shards as an object
+        ref, which Ray does not resolve inside a tuple), reset first."""
+        if setup is not None:
+            shards, *rest = setup
+            self.reset(ray.get(shards), *rest)
         for i, snap in snapshots.items():
             self.clients[i].load(snap)
 

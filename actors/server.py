@@ -9,7 +9,7 @@ import torch
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from actors.client import ClientActor
+from actors.client import ClientActor, StaleClientActor
 from fedsweep.algorithms.base import ClientMessage
 from fedsweep.config import ExperimentConfig
 from fedsweep.data import build_federated_dataset
@@ -30,9 +30,12 @@ class RayPool:
     pool loads its clients' states from the last checkpoint (:meth:`snapshot`; none yet: fresh states).
     """
 
-    def __init__(self, actors: list, hosts: list[list[int]], timeout_s: float | None = None):
+    def __init__(self, actors: list, hosts: list[list[int]], setups: list[tuple], experiment: int = 0,
+                 timeout_s: float | None = None):
         self.actors = actors
         self.hosts = hosts
+        self.setups = setups  # per actor: the arguments of ClientActor.reset for this experiment
+        self.experiment = experiment
         self.actor_of = {c: a for a, ids in enumerate(hosts) for c in ids}
         self.timeout_s = timeout_s
         self.saved: dict[int, ClientSnapshot] = {}  # the clients at the last checkpoint
@@ -40,8 +43,10 @@ class RayPool:
         self.restored = 0  # clients whose checkpointed state was loaded into a restarted actor
 
     def _recover(self, actor_ids) -> None:
-        """Load the last checkpoint's client states into restarted actors; an actor still down stays lost."""
-        pending = {a: self.actors[a].load.remote(self._of_actor(a, self.saved)) for a in self.lost.intersection(actor_ids)}
+        """Set restarted actors up for this experiment (Ray rebuilt them from the arguments of the one they
+        were created for) and load the last checkpoint's client states; an actor still down stays lost."""
+        pending = {a: self.actors[a].load.remote(self._of_actor(a, self.saved), self.setups[a])
+                   for a in self.lost.intersection(actor_ids)}
         for a in self._gather(pending):
             self.lost.discard(a)
             self.restored += sum(1 for c in self.hosts[a] if c in self.saved)
@@ -62,8 +67,8 @@ class RayPool:
                 continue  # a straggler: its late reply is never read
             try:
                 replies[a] = ray.get(ref)
-            except ray.exceptions.RayActorError:
-                self.lost.add(a)  # its process died during the call
+            except (ray.exceptions.RayActorError, StaleClientActor):
+                self.lost.add(a)  # its process died during the call, or died and was restarted before it
         return replies
 
     def _by_actor(self, client_ids: list[int]) -> dict[int, list[int]]:
@@ -76,19 +81,19 @@ class RayPool:
         ref = ray.put(payload)  # one object per round, read by every actor
         groups = self._by_actor(client_ids)
         self._recover(groups)
-        replies = self._gather({a: self.actors[a].train.remote(ref, rnd, ids) for a, ids in groups.items()})
+        replies = self._gather({a: self.actors[a].train.remote(ref, rnd, ids, self.experiment) for a, ids in groups.items()})
         by_client = {m.client_id: m for msgs in replies.values() for m in msgs}
         return [by_client[c] for c in client_ids if c in by_client]
 
     def evaluate(self, payload: Payload, rnd: int) -> list[ClientEval]:
         ref = ray.put(payload)
         self._recover(range(len(self.actors)))
-        replies = self._gather({a: actor.evaluate.remote(ref, rnd) for a, actor in enumerate(self.actors)})
+        replies = self._gather({a: actor.evaluate.remote(ref, rnd, self.experiment) for a, actor in enumerate(self.actors)})
         # Evaluation changes no state, so the actors that failed it are asked once more (a restarted
         # actor answers this time); training is never repeated within a round.
         missing = [a for a in range(len(self.actors)) if a not in replies]
         self._recover(missing)
-        replies.update(self._gather({a: self.actors[a].evaluate.remote(ref, rnd) for a in missing}))
+        replies.update(self._gather({a: self.actors[a].evaluate.remote(ref, rnd, self.experiment) for a in missing}))
         return [e for a in sorted(replies) for e in replies[a]]
 
     def take_restored(self) -> int:
@@ -98,7 +103,7 @@ class RayPool:
 
     def snapshot(self) -> dict[int, ClientSnapshot]:
         """Every client's state, from every actor (a checkpoint must be whole: no timeout, no dropout)."""
-        self.saved = {c: snap for part in ray.get([a.snapshot.remote() for a in self.actors]) for c, snap in part.items()}
+        self.saved = {c: snap for part in ray.get([a.snapshot.remote(self.experiment) for a in self.actors]) for c, snap in part.items()}
         return self.saved
 
     def load(self, snapshots: dict[int, ClientSnapshot]) -> None:
@@ -107,36 +112,55 @@ class RayPool:
 
     def states(self, client_ids: list[int]) -> list:
         groups = self._by_actor(client_ids)
-        replies = ray.get([self.actors[a].get_states.remote(ids) for a, ids in groups.items()])
+        replies = ray.get([self.actors[a].get_states.remote(ids, self.experiment) for a, ids in groups.items()])
         by_client = {c: st for ids, sts in zip(groups.values(), replies) for c, st in zip(ids, sts)}
         return [by_client[c] for c in client_ids]
 
 
 @ray.remote(num_cpus=0)
 class ServerActor:
+    """One experiment's server and its ClientActors; :meth:`reset` makes the same actors run another
+    experiment of equal resources (a sweep's next trial) without starting new processes."""
+
     def __init__(self, cfg: ExperimentConfig, placement_group: PlacementGroup | None, first_client_bundle: int = 1):
         torch.set_num_threads(1)
         dataset = build_federated_dataset(cfg.data)
-        self.cfg = cfg
-        self.server = Server(cfg, dataset.num_features, dataset.num_classes)
         r = cfg.resources
-        actors, hosts = [], []
-        self.shard_refs: list[ray.ObjectRef] = []
-        for a in range(r.num_client_actors(cfg.num_clients)):
-            ids = r.clients_of_actor(a, cfg.num_clients)
+        self.hosts = [r.clients_of_actor(a, cfg.num_clients) for a in range(r.num_client_actors(cfg.num_clients))]
+        # Held by this actor for its lifetime: Ray re-runs a restarted ClientActor's constructor with
+        # these arguments, which must then still be in the object store.
+        self.constructor_refs = self._put_shards(dataset)
+        actors = []
+        for a, ref in enumerate(self.constructor_refs):
             options: dict = {"num_cpus": r.client_cpus, "num_gpus": r.client_gpus, "max_restarts": r.client_max_restarts}
             if placement_group is not None:
                 options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                     placement_group, placement_group_bundle_index=first_client_bundle + a
                 )
-            # Held by this actor for its lifetime: Ray re-runs a restarted ClientActor's constructor with
-            # these arguments, which must then still be in the object store.
-            self.shard_refs.append(ray.put({i: dataset.clients[i] for i in ids}))
-            actors.append(
-                ClientActor.options(**options).remote(self.shard_refs[-1], cfg, dataset.num_features, dataset.num_classes)
-            )
-            hosts.append(ids)
-        self.pool = RayPool(actors, hosts, r.round_timeout_s)
+            actors.append(ClientActor.options(**options).remote(ref, cfg, dataset.num_features, dataset.num_classes, 0))
+        self._configure(cfg, dataset, actors, 0, self.constructor_refs)
+
+    def _put_shards(self, dataset) -> list[ray.ObjectRef]:
+        """One object per ClientActor: the shards of the clients it hosts."""
+        return [ray.put({i: dataset.clients[i] for i in ids}) for ids in self.hosts]
+
+    def _configure(self, cfg: ExperimentConfig, dataset, actors: list, experiment: int, shard_refs: list) -> None:
+        self.cfg = cfg
+        self.experiment = experiment
+        self.server = Server(cfg, dataset.num_features, dataset.num_classes)
+        self.shard_refs = shard_refs  # the current experiment's shards, for restarted actors
+        setups = [(ref, cfg, dataset.num_features, dataset.num_classes, experiment) for ref in shard_refs]
+        self.pool = RayPool(actors, self.hosts, setups, experiment, cfg.resources.round_timeout_s)
+
+    def reset(self, cfg: ExperimentConfig) -> None:
+        """Run experiment ``cfg`` next: its dataset, a fresh server, and the ClientActors reset to its shards
+        and fresh states. ``cfg`` must have the resources and the number of clients of the first experiment."""
+        dataset = build_federated_dataset(cfg.data)
+        experiment = self.experiment + 1
+        refs = self._put_shards(dataset)
+        actors = self.pool.actors
+        ray.get([a.reset.remote(ref, cfg, dataset.num_features, dataset.num_classes, experiment) for a, ref in zip(actors, refs)])
+        self._configure(cfg, dataset, actors, experiment, refs)
 
     def clients_info(self) -> list[dict]:
         """Blocks until every client actor is constructed."""

@@ -11,7 +11,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from fedsweep.config import ConfigError, ExperimentConfig, ResourcesConfig, check_fits
-from fedsweep.tracking import RunLogger
+from fedsweep.tracking import TAG_PREFIX, RunLogger
 
 
 def connect_ray(resources: ResourcesConfig) -> None:
@@ -40,13 +40,25 @@ def check_cluster(configs: list[ExperimentConfig], where: str) -> None:
         raise ConfigError(problems)
 
 
+# Inside a Tune trial: the ServerActor (and its ClientActors) the last trial of this process finished
+# with, kept for the next trial of the same placement group and resources. Tune's ``reuse_actors`` runs
+# that trial in this same process; the actors die with it when Tune stops it.
+_warm: dict = {}
+
+
+def _warm_key(cfg: ExperimentConfig, pg: PlacementGroup) -> tuple:
+    return pg.id.hex(), cfg.num_clients, cfg.resources.model_dump_json()
+
+
 class ExperimentRunner:
     """Starts the ServerActor (which starts the ClientActors) inside a placement group and steps it.
 
     Outside Tune the runner creates the group itself: bundle 0 holds the ServerActor,
     bundle 1 + a ClientActor a (hosting ``clients_per_actor`` clients). Inside a Tune trial
     the group is the trial's own (``tune.with_resources``), and bundle 0 is shared by the
-    trial driver and the ServerActor, which then asks for no CPU of its own.
+    trial driver and the ServerActor, which then asks for no CPU of its own; there the actors
+    are kept warm after a trial that ended without error and reset for the process's next trial
+    of equal resources (:meth:`actors.server.ServerActor.reset`), instead of starting new processes.
     """
 
     def __init__(self, cfg: ExperimentConfig, trial_placement_group: PlacementGroup | None = None, start_timeout_s: float = 300):
@@ -55,6 +67,7 @@ class ExperimentRunner:
         self.own_pg = trial_placement_group is None
         self.pg = trial_placement_group
         self.server = None
+        self.reused = False  # True when a warm ServerActor of an earlier trial runs this one
         self.clients_info: list[dict] = []
 
     def start(self) -> None:
@@ -70,6 +83,20 @@ class ExperimentRunner:
                     f"{cfg.num_clients} clients was not granted within {self.start_timeout_s:.0f}s; "
                     f"the cluster has {ray.available_resources()} available"
                 ) from None
+        if not self.own_pg and _warm.get("key") == _warm_key(cfg, self.pg):
+            server = _warm.pop("server")
+            try:
+                ray.get(server.reset.remote(cfg), timeout=self.start_timeout_s)
+                self.server = server
+                self.reused = True
+            except ray.exceptions.RayError:  # it or a ClientActor died since: start anew
+                ray.kill(server)
+        if self.server is None:
+            self._start_server()
+        self.clients_info = ray.get(self.server.clients_info.remote(), timeout=self.start_timeout_s)
+
+    def _start_server(self) -> None:
+        cfg = self.cfg
         server_cpus = cfg.resources.server_cpus if self.own_pg else 0
         from actors.server import ServerActor
 
@@ -77,7 +104,6 @@ class ExperimentRunner:
             num_cpus=server_cpus,
             scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=0),
         ).remote(cfg, self.pg)
-        self.clients_info = ray.get(self.server.clients_info.remote(), timeout=self.start_timeout_s)
 
     def rounds(self, start: int = 0) -> Iterator[dict[str, float]]:
         """Rounds ``start`` (0: initial evaluation) to ``rounds``; each item carries ``wall_time_s`` since
@@ -102,7 +128,12 @@ class ExperimentRunner:
     def client_table(self) -> list[dict]:
         return ray.get(self.server.client_table.remote())
 
-    def stop(self) -> None:
+    def stop(self, keep_warm: bool = False) -> None:
+        """Stop the actors; ``keep_warm`` (a trial that ended without error) keeps them for the next trial."""
+        if keep_warm and not self.own_pg and self.server is not None:
+            _warm.update(key=_warm_key(self.cfg, self.pg), server=self.server)
+            self.server = None
+            return
         if self.server is not None:
             try:
                 ray.get(self.server.shutdown.remote(), timeout=30)
@@ -133,9 +164,11 @@ def execute(
     """
     runner = ExperimentRunner(cfg, trial_placement_group)
     history: list[dict[str, float]] = []
-    finished = False
+    finished = ended_cleanly = False
     try:
         runner.start()
+        if logger and runner.reused:
+            logger.client.set_tag(logger.run_id, f"{TAG_PREFIX}warm_actors", "true")  # no process start: timings differ
         start = runner.restore(resume) if resume is not None else 0
         for metrics in runner.rounds(start):
             history.append(metrics)
@@ -151,10 +184,11 @@ def execute(
         if logger:
             finished = True
             logger.finish(runner.client_table(), "FAILED" if diverged else "FINISHED", "diverged" if diverged else None)
+        ended_cleanly = True
         return history
     except BaseException:
         if logger and not finished:
             logger.finish(None, "FAILED", "error")
         raise
     finally:
-        runner.stop()
+        runner.stop(keep_warm=ended_cleanly)

@@ -3,6 +3,8 @@ placed in its placement group, and FedAvg still equal to centralized gradient de
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -147,3 +149,82 @@ def test_unsampled_clients_keep_their_state(ray_session, algorithm, clients_per_
         assert seen_unsampled == 8
     finally:
         runner.stop()
+
+
+def _run_b_after_a(ray_session, a, b):
+    """Run experiment ``a`` on fresh actors, then reset the same ServerActor to ``b``; the runner drives ``b``."""
+    runner = ExperimentRunner(a)
+    runner.start()
+    list(runner.rounds())
+    pids = {i["pid"] for i in runner.clients_info}
+    ray_session.get(runner.server.reset.remote(b))
+    runner.cfg = b
+    return runner, pids
+
+
+def _two_experiments():
+    a = validate(config_dict(algorithm={"participation_rate": 0.6}, rounds=2, eval_every=2))
+    b = validate(config_dict(
+        seed=1,
+        data={"partition": {"name": "label_skew", "classes_per_client": 3}},
+        algorithm={"name": "scaffold", "local_lr": 0.05, "participation_rate": 0.6},
+        rounds=4, eval_every=1,
+    ))
+    return a, b
+
+
+def test_a_reset_server_runs_the_next_experiment_like_fresh_actors(ray_session):
+    """Warm actors (a sweep's next trial of equal resources): the same numbers as fresh ones, no new process."""
+    a, b = _two_experiments()
+    runner, pids = _run_b_after_a(ray_session, a, b)
+    try:
+        history = list(runner.rounds())
+        params = torch.tensor(ray_session.get(runner.server.global_params.remote()))
+        info = ray_session.get(runner.server.clients_info.remote())
+        table = runner.client_table()
+    finally:
+        runner.stop()
+    local, server = run_local(b)
+    assert strip_time(history) == local
+    assert torch.equal(params, server.params)
+    assert table == [e.row() for e in server.last_evals]  # b's shards (other partition) and b's states
+    assert {i["pid"] for i in info} == pids
+
+
+def test_a_client_actor_restarted_after_a_reset_is_set_up_for_the_current_experiment(ray_session):
+    """Ray restarts a dead ClientActor from the arguments of the experiment it was created for (a's shards);
+    its first call then fails as stale and the pool sets it up again for b (an evaluation retries at once;
+    a training call counts its clients as dropped that round)."""
+    import os
+    import signal
+
+    a, b = _two_experiments()
+    runner, _ = _run_b_after_a(ray_session, a, b)
+    try:
+        rounds = runner.rounds()
+        next(rounds)  # round 0 on every actor
+        victim = runner.clients_info[0]["pid"]
+        os.kill(victim, signal.SIGKILL)  # between calls: no call sees it die
+        deadline = time.time() + 60
+        while time.time() < deadline:  # until Ray has restarted it (a new process answers)
+            try:
+                if ray_session.get(runner.server.clients_info.remote())[0]["pid"] != victim:
+                    break
+            except ray_session.exceptions.RayError:  # down, or coming back
+                pass
+            time.sleep(0.2)
+        else:
+            raise AssertionError("the killed ClientActor was not restarted within 60 s")
+        history = list(rounds)
+        table = runner.client_table()
+    finally:
+        runner.stop()
+    assert history[-1]["clients_dropped"] == 0 and history[-1]["clients_answered"] == history[-1]["clients_sampled"]
+    def sizes(evals):
+        return [(e.client_id, e.num_train, e.num_test) for e in evals]
+
+    _, server_a = run_local(a)
+    _, server_b = run_local(b)
+    assert sizes(server_a.last_evals) != sizes(server_b.last_evals)  # the two partitions tell the shards apart
+    # The final evaluation ran on b's shards on every actor, the restarted one included.
+    assert [(r["client_id"], r["num_train"], r["num_test"]) for r in table] == sizes(server_b.last_evals)

@@ -78,6 +78,24 @@ def test_same_seed_same_numbers_across_trials(finished_sweep, tracking_uri):
     assert runs.groupby("setting")["seed"].nunique().tolist() == [2, 2]
 
 
+def test_trials_on_warm_actors_give_the_numbers_of_fresh_ones(finished_sweep, tracking_uri):
+    """Two trial processes run four trials: the second trial of each reuses the actors of the first
+    (tag fedsweep.warm_actors), and every trial's final metrics are those of the in-process reference."""
+    from mlflow import MlflowClient
+
+    from fedsweep.federation import run_local
+
+    sweep, _ = finished_sweep
+    c = MlflowClient(tracking_uri)
+    exp = c.get_experiment_by_name("sweep-test")
+    children = [r for r in c.search_runs([exp.experiment_id]) if r.data.tags.get("mlflow.parentRunId")]
+    assert sum(r.data.tags.get("fedsweep.warm_actors") == "true" for r in children) >= 1
+    for r in children:
+        history, _ = run_local(sweep.trials[int(r.data.tags["fedsweep.trial_index"])].config)
+        for name in ("personalized_accuracy_mean", "global_accuracy", "local_train_loss"):
+            assert r.data.metrics[name] == pytest.approx(history[-1][name], rel=1e-12, abs=0), name
+
+
 def test_table_best_setting_with_ci(finished_sweep, tracking_uri):
     sweep, out = finished_sweep
     runs, tags = load_runs(tracking_uri, "sweep-test", out["parent_run_id"])
