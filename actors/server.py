@@ -148,7 +148,7 @@ class ServerActor:
         self.cfg = cfg
         self.experiment = experiment
         self.server = Server(cfg, dataset.num_features, dataset.num_classes)
-        self.shard_refs = shard_refs  # the current experiment's shards, for restarted actors
+        # The arguments of ClientActor.reset per actor (they hold this experiment's shards), for restarted actors.
         setups = [(ref, cfg, dataset.num_features, dataset.num_classes, experiment) for ref in shard_refs]
         self.pool = RayPool(actors, self.hosts, setups, experiment, cfg.resources.round_timeout_s)
 
@@ -156,11 +156,8 @@ class ServerActor:
         """Run experiment ``cfg`` next: its dataset, a fresh server, and the ClientActors reset to its shards
         and fresh states. ``cfg`` must have the resources and the number of clients of the first experiment."""
         dataset = build_federated_dataset(cfg.data)
-        experiment = self.experiment + 1
-        refs = self._put_shards(dataset)
-        actors = self.pool.actors
-        ray.get([a.reset.remote(ref, cfg, dataset.num_features, dataset.num_classes, experiment) for a, ref in zip(actors, refs)])
-        self._configure(cfg, dataset, actors, experiment, refs)
+        self._configure(cfg, dataset, self.pool.actors, self.experiment + 1, self._put_shards(dataset))
+        ray.get([a.reset.remote(*setup) for a, setup in zip(self.pool.actors, self.pool.setups)])
 
     def clients_info(self) -> list[dict]:
         """Blocks until every client actor is constructed."""

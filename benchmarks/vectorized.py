@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._harness import repeat
+from benchmarks._harness import median, repeat
 
 ALGORITHMS = {
     "pfedme": {"name": "pfedme", "coupling": 20, "local_lr": 0.01, "personalization_lr": 0.01, "server_mixing": 2,
@@ -69,10 +68,10 @@ def main() -> int:
             variants[f"vectorized, groups of {group}"] = ("0", [*common, "--group", str(group), "--vectorize"])
         print(f"\n{algorithm}, Synthetic(0.5,0.5), 100 users, MLR, {args.rounds} rounds; {args.repeats} repetitions", flush=True)
         res = repeat(__file__, variants, args.repeats)
-        base = statistics.median(r["s_per_round"] for r in res["one by one"])
+        base = median(res["one by one"], "s_per_round")
         ref = res["one by one"][0]
         for name, rs in res.items():
-            s = statistics.median(r["s_per_round"] for r in rs)
+            s = median(rs, "s_per_round")
             dp = max(max(abs(a - b) for a, b in zip(r["params"], ref["params"])) for r in rs)
             da = max(abs(r["accuracy"] - ref["accuracy"]) for r in rs)
             print(f"  {name:26s} {s:7.3f} s/round  speed-up {base / s:5.2f}  max |Δparams| {dp:.1e}  max |Δaccuracy| {da:.1e}")

@@ -220,6 +220,7 @@ def test_a_client_actor_restarted_after_a_reset_is_set_up_for_the_current_experi
     finally:
         runner.stop()
     assert history[-1]["clients_dropped"] == 0 and history[-1]["clients_answered"] == history[-1]["clients_sampled"]
+
     def sizes(evals):
         return [(e.client_id, e.num_train, e.num_test) for e in evals]
 
