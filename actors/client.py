@@ -11,7 +11,7 @@ import torch
 from fedsweep.algorithms.base import ClientData, ClientMessage
 from fedsweep.config import ExperimentConfig
 from fedsweep.evaluation import ClientEval
-from fedsweep.federation import Client, ClientSnapshot, Payload, train_clients
+from fedsweep.federation import COMPUTE_THREADS, Client, ClientSnapshot, Payload, train_clients
 
 
 class StaleClientActor(RuntimeError):
@@ -33,7 +33,7 @@ class ClientActor:
     def __init__(self, shards: dict[int, ClientData], cfg: ExperimentConfig, num_features: int, num_classes: int,
                  experiment: int = 0):
         # One intra-op thread: an actor holds a fraction of a CPU, and many share the node.
-        torch.set_num_threads(1)
+        torch.set_num_threads(COMPUTE_THREADS)
         self.reset(shards, cfg, num_features, num_classes, experiment)
 
     def reset(self, shards: dict[int, ClientData], cfg: ExperimentConfig, num_features: int, num_classes: int,

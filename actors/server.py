@@ -14,7 +14,7 @@ from fedsweep.algorithms.base import ClientMessage
 from fedsweep.config import ExperimentConfig
 from fedsweep.data import build_federated_dataset
 from fedsweep.evaluation import ClientEval
-from fedsweep.federation import ClientSnapshot, Payload, Server
+from fedsweep.federation import COMPUTE_THREADS, ClientSnapshot, Payload, Server
 
 
 class RayPool:
@@ -123,7 +123,7 @@ class ServerActor:
     experiment of equal resources (a sweep's next trial) without starting new processes."""
 
     def __init__(self, cfg: ExperimentConfig, placement_group: PlacementGroup | None, first_client_bundle: int = 1):
-        torch.set_num_threads(1)
+        torch.set_num_threads(COMPUTE_THREADS)
         dataset = build_federated_dataset(cfg.data)
         r = cfg.resources
         self.hosts = [r.clients_of_actor(a, cfg.num_clients) for a in range(r.num_client_actors(cfg.num_clients))]

@@ -8,6 +8,8 @@ tests of the math and the in-process benchmarks use.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Protocol
 
 import numpy as np
@@ -26,6 +28,23 @@ ClientSnapshot = tuple[Payload | None, int]
 
 # Streams of randomness, kept apart so that e.g. evaluation never shifts training batches.
 _TRAIN, _EVAL, _SAMPLE = 1, 2, 3
+
+
+#: torch intra-op threads of every actor and of :func:`run_local`. A reduction split across threads sums
+#: in another order, so the numbers depend on this count (e.g. a personalized loss in its 8th digit):
+#: fixing it makes the in-process reference and the actors agree exactly on any machine.
+COMPUTE_THREADS = 1
+
+
+@contextmanager
+def compute_threads() -> Iterator[None]:
+    """Run the enclosed torch code with :data:`COMPUTE_THREADS` intra-op threads, then restore the count."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(COMPUTE_THREADS)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def stream_seed(*parts: int) -> int:
@@ -264,7 +283,8 @@ def run_local(cfg: ExperimentConfig) -> tuple[list[dict[str, float]], Server]:
     """The whole experiment in this process, no Ray: the reference the actor path is checked against."""
     from fedsweep.data import build_federated_dataset
 
-    ds = build_federated_dataset(cfg.data)
-    server = Server(cfg, ds.num_features, ds.num_classes)
-    pool = LocalPool([Client(i, d, cfg, ds.num_features, ds.num_classes) for i, d in enumerate(ds.clients)])
-    return [server.step(pool, rnd) for rnd in range(cfg.rounds + 1)], server
+    with compute_threads():  # as in the actors
+        ds = build_federated_dataset(cfg.data)
+        server = Server(cfg, ds.num_features, ds.num_classes)
+        pool = LocalPool([Client(i, d, cfg, ds.num_features, ds.num_classes) for i, d in enumerate(ds.clients)])
+        return [server.step(pool, rnd) for rnd in range(cfg.rounds + 1)], server

@@ -97,6 +97,22 @@ def test_same_seed_same_numbers_different_seed_different_numbers():
     assert a != c
 
 
+def test_numbers_do_not_depend_on_the_callers_torch_threads():
+    """run_local computes with the actors' one intra-op thread whatever the caller set (a reduction split
+    over two threads changes this config's personalized loss in its 8th digit), and restores the caller's count."""
+    cfg = validate(config_dict(algorithm={"participation_rate": 1.0, "personalization_lr": 0.05}, rounds=4, eval_every=2))
+    before = torch.get_num_threads()
+    try:
+        histories = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            histories.append(run_local(cfg)[0])
+            assert torch.get_num_threads() == threads
+    finally:
+        torch.set_num_threads(before)
+    assert histories[0] == histories[1]
+
+
 def test_personalization_step_alpha():
     """α = 0 scores the global model itself; α > 0 takes full-batch steps on each client's own train data."""
     base = config_dict(algorithm={"personalization_lr": 0.0}, rounds=2)
