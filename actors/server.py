@@ -1,6 +1,6 @@
 """ServerActor: builds the federated dataset, starts the ClientActors (one per client, or ``clients_per_actor``
-clients each) in the trial's placement group, and runs rounds: sample ⌈r·n⌉ clients, one ``ray.put``
-broadcast, aggregate, evaluate on the cadence."""
+clients each) in the trial's placement group, and runs rounds: sample ⌈r·n⌉ clients, one broadcast
+(inside the calls when small, else one ``ray.put``), aggregate, evaluate on the cadence."""
 
 from __future__ import annotations
 
@@ -9,12 +9,17 @@ import torch
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from actors.client import ClientActor, StaleClientActor
+from actors.client import ROUND_CALL, ClientActor, StaleClientActor
 from fedsweep.algorithms.base import ClientMessage
 from fedsweep.config import ExperimentConfig
 from fedsweep.data import build_federated_dataset
 from fedsweep.evaluation import ClientEval
 from fedsweep.federation import COMPUTE_THREADS, ClientSnapshot, Payload, Server
+
+
+#: Payloads up to this size ride inside each call, as Ray inlines small arguments (its
+#: ``max_direct_call_object_size``, 100 KiB); larger ones are put in the object store once per round.
+INLINE_PAYLOAD_BYTES = 100 * 1024
 
 
 class RayPool:
@@ -77,8 +82,17 @@ class RayPool:
             groups.setdefault(self.actor_of[c], []).append(c)
         return groups
 
+    @staticmethod
+    def broadcast(payload: Payload) -> Payload | ray.ObjectRef:
+        """What the round's calls carry: a small payload itself (no trip through the object store, which is
+        a process of its own: on one core that trip was 7% of a round), a large one as a single ``ray.put``
+        object read by every actor."""
+        if sum(v.nbytes for v in payload.values()) <= INLINE_PAYLOAD_BYTES:
+            return payload
+        return ray.put(payload)
+
     def train(self, client_ids: list[int], payload: Payload, rnd: int) -> list[ClientMessage]:
-        ref = ray.put(payload)  # one object per round, read by every actor
+        ref = self.broadcast(payload)
         groups = self._by_actor(client_ids)
         self._recover(groups)
         replies = self._gather({a: self.actors[a].train.remote(ref, rnd, ids, self.experiment) for a, ids in groups.items()})
@@ -86,7 +100,7 @@ class RayPool:
         return [by_client[c] for c in client_ids if c in by_client]
 
     def evaluate(self, payload: Payload, rnd: int) -> list[ClientEval]:
-        ref = ray.put(payload)
+        ref = self.broadcast(payload)
         self._recover(range(len(self.actors)))
         replies = self._gather({a: actor.evaluate.remote(ref, rnd, self.experiment) for a, actor in enumerate(self.actors)})
         # Evaluation changes no state, so the actors that failed it are asked once more (a restarted
@@ -147,6 +161,7 @@ class ServerActor:
     def _configure(self, cfg: ExperimentConfig, dataset, actors: list, experiment: int, shard_refs: list) -> None:
         self.cfg = cfg
         self.experiment = experiment
+        self.diverged = False
         self.server = Server(cfg, dataset.num_features, dataset.num_classes)
         # The arguments of ClientActor.reset per actor (they hold this experiment's shards), for restarted actors.
         setups = [(ref, cfg, dataset.num_features, dataset.num_classes, experiment) for ref in shard_refs]
@@ -163,8 +178,15 @@ class ServerActor:
         """Blocks until every client actor is constructed."""
         return [i for infos in ray.get([a.info.remote() for a in self.pool.actors]) for i in infos]
 
-    def step(self, rnd: int) -> dict[str, float]:
-        return self.server.step(self.pool, rnd)
+    @ray.method(**ROUND_CALL)
+    def step(self, rnd: int) -> dict[str, float] | None:
+        """Round ``rnd``; None, touching nothing, once a round has diverged (the driver may have sent the
+        next round before reading that one's metrics)."""
+        if self.diverged:
+            return None
+        metrics = self.server.step(self.pool, rnd)
+        self.diverged = bool(metrics.get("diverged"))
+        return metrics
 
     def checkpoint(self, rnd: int) -> dict:
         return self.server.checkpoint(self.pool, rnd)

@@ -54,7 +54,7 @@ def timed_actor_run(cfg, num_cpus: int) -> tuple[float, float, dict, object]:
     runner = ExperimentRunner(cfg)
     try:
         runner.start()
-        rounds = runner.rounds()
+        rounds = runner.rounds(pipelined=True)  # as fedsweep.experiment.execute drives them
         next(rounds)
         t1 = time.perf_counter()
         for last in rounds:

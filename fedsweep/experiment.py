@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container, Iterator
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
@@ -105,14 +105,31 @@ class ExperimentRunner:
             scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=0),
         ).remote(cfg, self.pg)
 
-    def rounds(self, start: int = 0) -> Iterator[dict[str, float]]:
+    def rounds(self, start: int = 0, pipelined: bool = False, sync_after: Container[int] = ()) -> Iterator[dict[str, float]]:
         """Rounds ``start`` (0: initial evaluation) to ``rounds``; each item carries ``wall_time_s`` since
-        the first training round of this run began."""
+        the first training round of this run began.
+
+        ``pipelined``: round r + 1 is sent before round r's metrics are read, so the ServerActor never
+        waits for the driver (on one core that wait was 4% of a round) - except after the rounds in
+        ``sync_after``, where the caller acts on the actors (e.g. a checkpoint) before the next round.
+        A caller that inspects the actors between any two rounds leaves it off.
+        """
+        first = max(start, 1)
         t0 = time.perf_counter()
-        for rnd in range(start, self.cfg.rounds + 1):
-            if rnd == max(start, 1):
+
+        def send(rnd: int) -> ray.ObjectRef:
+            nonlocal t0
+            if rnd == first:
                 t0 = time.perf_counter()
-            metrics = ray.get(self.server.step.remote(rnd))
+            return self.server.step.remote(rnd)
+
+        sent = None  # the call of the next round, when already sent
+        for rnd in range(start, self.cfg.rounds + 1):
+            ref = sent if sent is not None else send(rnd)
+            sent = None
+            if pipelined and rnd < self.cfg.rounds and rnd not in sync_after:
+                sent = send(rnd + 1)  # a no-op on the actor if round rnd diverged
+            metrics = ray.get(ref)
             metrics["wall_time_s"] = time.perf_counter() - t0 if rnd else 0.0
             yield metrics
             if metrics.get("diverged"):
@@ -170,13 +187,13 @@ def execute(
         if logger and runner.reused:
             logger.client.set_tag(logger.run_id, f"{TAG_PREFIX}warm_actors", "true")  # no process start: timings differ
         start = runner.restore(resume) if resume is not None else 0
-        for metrics in runner.rounds(start):
+        checkpoint_rounds = range(checkpoint_every, cfg.rounds, checkpoint_every) if on_checkpoint and checkpoint_every else ()
+        for metrics in runner.rounds(start, pipelined=True, sync_after=checkpoint_rounds):
             history.append(metrics)
             rnd = int(metrics["round"])
             if logger and rnd > logger.logged_through:
                 logger.log_round(metrics)
-            if on_checkpoint and checkpoint_every and rnd % checkpoint_every == 0 and 0 < rnd < cfg.rounds \
-                    and not metrics.get("diverged"):
+            if rnd in checkpoint_rounds and not metrics.get("diverged"):
                 on_checkpoint(metrics, runner.checkpoint(rnd))
             else:
                 on_round(metrics)

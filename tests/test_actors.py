@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -56,6 +57,7 @@ def test_actor_path_matches_in_process_and_repeats_exactly(ray_session):
     assert strip_time(first) == strip_time(second)  # same seed, same config -> the same numbers
     assert torch.equal(params1, params2)
     assert strip_time(first) == local  # actors only move tensors: identical to the in-process loop
+    assert strip_time(execute(cfg, logger=None)) == local  # rounds pipelined (the next sent before reading one)
     assert torch.equal(params1, server.params)
     # One actor per client, each in its own process, on the CPU.
     assert [i["client_id"] for i in info] == [0, 1, 2]
@@ -85,6 +87,21 @@ def test_packed_clients_give_the_same_numbers(ray_session, vectorize):
     assert [r["client_id"] for r in table] == [0, 1, 2]
 
 
+def test_a_payload_rides_in_the_calls_when_small_and_is_put_once_when_large(ray_session):
+    from actors.server import INLINE_PAYLOAD_BYTES, RayPool
+
+    small = {"params": np.zeros(INLINE_PAYLOAD_BYTES // 4, np.float32)}
+    large = {"params": np.zeros(INLINE_PAYLOAD_BYTES // 4 + 1, np.float32)}
+    assert RayPool.broadcast(small) is small
+    assert isinstance(RayPool.broadcast(large), ray_session.ObjectRef)
+    # MLP 64-400-10: 30,010 parameters, 120 KB a broadcast: through the object store, the same numbers.
+    cfg = validate(config_dict(model={"hidden": [400]}, algorithm={"participation_rate": 0.6}, rounds=2, eval_every=2))
+    history, params, _, _ = run_actors(cfg)
+    local, server = run_local(cfg)
+    assert strip_time(history) == local
+    assert torch.equal(params, server.params)
+
+
 def test_placement_group_is_released(ray_session):
     from ray.util import placement_group_table
 
@@ -96,10 +113,38 @@ def test_placement_group_is_released(ray_session):
 
 
 def test_divergence_stops_the_run(ray_session):
-    cfg = validate(config_dict(algorithm={"local_lr": 1e30, "local_steps": 5}, rounds=6, eval_every=1))
+    cfg = validate(config_dict(algorithm={"local_lr": 1e30, "local_steps": 5}, rounds=6, eval_every=2))
     history = execute(cfg, logger=None)
     assert history[-1].get("diverged") == 1.0
     assert len(history) < 7
+
+
+def test_the_round_sent_ahead_of_a_diverged_one_does_nothing(ray_session):
+    """Pipelined, round r + 1 is already on its way when round r's metrics say it diverged: the ServerActor
+    must not run it, so the clients' training counts in the last evaluation are those of round r."""
+    cfg = validate(config_dict(algorithm={"local_lr": 1e30, "local_steps": 5, "participation_rate": 0.6}, rounds=6, eval_every=6))
+    runner = ExperimentRunner(cfg)
+    try:
+        runner.start()
+        history = list(runner.rounds(pipelined=True))
+        table = runner.client_table()
+    finally:
+        runner.stop()
+    diverged = len(history) - 1
+    assert history[-1].get("diverged") == 1.0 and diverged < 6
+    assert sum(r["times_trained"] for r in table) == diverged * 2  # ceil(0.6 × 3) = 2 a round
+
+
+def test_pipelined_rounds_wait_for_a_checkpoint(ray_session):
+    """The checkpoint of round 2 holds the state after round 2, not after round 3 (sent ahead otherwise)."""
+    cfg = validate(config_dict(algorithm={"participation_rate": 0.6}, rounds=5, eval_every=5))
+    taken = []
+    history = execute(cfg, None, checkpoint_every=2, on_checkpoint=lambda m, ckpt: taken.append(ckpt))
+    assert [c["round"] for c in taken] == [2, 4]
+    for ckpt in taken:
+        _, server = run_local(validate({**cfg.model_dump(), "rounds": ckpt["round"]}))
+        assert np.array_equal(ckpt["params"], server.params.numpy())
+    assert strip_time(history) == run_local(cfg)[0]
 
 
 @pytest.mark.parametrize(
@@ -113,8 +158,6 @@ def test_divergence_stops_the_run(ray_session):
 def test_unsampled_clients_keep_their_state(ray_session, algorithm, clients_per_actor):
     """Client state (c_i or g_i) lives in the client actor and changes only in rounds the client is sampled,
     also when the actor hosts several clients and some of them are sampled."""
-    import numpy as np
-
     from fedsweep.federation import Server
 
     cfg = validate(
