@@ -22,8 +22,8 @@ ROUND_CALL = {"enable_task_events": False}
 
 
 class StaleClientActor(RuntimeError):
-    """The actor holds another experiment's clients: Ray restarted it from the constructor arguments of
-    the experiment it was created for, after it had been reset for a later one."""
+    """The actor does not hold the clients of the experiment a call is for: Ray restarted it (a restarted
+    actor comes back empty), or it was reset for another experiment."""
 
 
 @ray.remote(num_cpus=0)
@@ -33,15 +33,16 @@ class ClientActor:
     Packed clients train one after the other inside the actor, or as one stacked computation with
     ``resources.vectorize_clients``; parallelism across actors comes from Ray.
 
-    ``experiment`` numbers the experiments a (warm, reused) actor has hosted; every call names the one
-    it is for, and an actor holding another raises :class:`StaleClientActor`.
+    An actor starts empty; :meth:`reset` gives it an experiment's shards. ``experiment`` numbers the
+    experiments a (warm, reused) actor has hosted; every call names the one it is for, and an actor
+    holding another, or none, raises :class:`StaleClientActor`.
     """
 
-    def __init__(self, shards: dict[int, ClientData], cfg: ExperimentConfig, num_features: int, num_classes: int,
-                 experiment: int = 0):
+    def __init__(self):
         # One intra-op thread: an actor holds a fraction of a CPU, and many share the node.
         torch.set_num_threads(COMPUTE_THREADS)
-        self.reset(shards, cfg, num_features, num_classes, experiment)
+        self.clients: dict[int, Client] = {}
+        self.experiment = -1  # none
 
     def reset(self, shards: dict[int, ClientData], cfg: ExperimentConfig, num_features: int, num_classes: int,
               experiment: int) -> None:
@@ -53,7 +54,8 @@ class ClientActor:
 
     def _check(self, experiment: int) -> None:
         if experiment != self.experiment:
-            raise StaleClientActor(f"holds experiment {self.experiment}, asked for {experiment}")
+            held = f"experiment {self.experiment}" if self.experiment >= 0 else "nothing (new or restarted)"
+            raise StaleClientActor(f"holds {held}, asked for experiment {experiment}")
 
     @ray.method(**ROUND_CALL)
     def train(self, payload: Payload, rnd: int, client_ids: list[int], experiment: int) -> list[ClientMessage]:

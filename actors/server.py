@@ -1,5 +1,5 @@
-"""ServerActor: builds the federated dataset, starts the ClientActors (one per client, or ``clients_per_actor``
-clients each) in the trial's placement group, and runs rounds: sample ⌈r·n⌉ clients, one broadcast
+"""ServerActor: builds the federated dataset, gives the ClientActors (one per client, or ``clients_per_actor``
+clients each, in the trial's placement group) their shards, and runs rounds: sample ⌈r·n⌉ clients, one broadcast
 (inside the calls when small, else one ``ray.put``), aggregate, evaluate on the cadence."""
 
 from __future__ import annotations
@@ -131,28 +131,37 @@ class RayPool:
         return [by_client[c] for c in client_ids]
 
 
+def start_client_actors(cfg: ExperimentConfig, placement_group: PlacementGroup | None, first_bundle: int = 1) -> list:
+    """One empty ClientActor per ``clients_per_actor`` clients, ClientActor a in bundle ``first_bundle + a``.
+    Started by the driver at the same time as the ServerActor, so that the processes start (each
+    importing torch) side by side rather than one after the other. Empty, a restarted ClientActor is
+    never mistaken for one that still holds its clients: its next call raises StaleClientActor."""
+    r = cfg.resources
+    actors = []
+    for a in range(r.num_client_actors(cfg.num_clients)):
+        options: dict = {"num_cpus": r.client_cpus, "num_gpus": r.client_gpus, "max_restarts": r.client_max_restarts}
+        if placement_group is not None:
+            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                placement_group, placement_group_bundle_index=first_bundle + a
+            )
+        actors.append(ClientActor.options(**options).remote())
+    return actors
+
+
 @ray.remote(num_cpus=0)
 class ServerActor:
     """One experiment's server and its ClientActors; :meth:`reset` makes the same actors run another
     experiment of equal resources (a sweep's next trial) without starting new processes."""
 
-    def __init__(self, cfg: ExperimentConfig, placement_group: PlacementGroup | None, first_client_bundle: int = 1):
+    def __init__(self, cfg: ExperimentConfig, client_actors: list):
+        """``client_actors``: started empty by the caller (:func:`start_client_actors`), while this actor
+        starts; they host nothing until :meth:`reset` gives them this experiment's shards."""
         torch.set_num_threads(COMPUTE_THREADS)
-        dataset = build_federated_dataset(cfg.data)
         r = cfg.resources
         self.hosts = [r.clients_of_actor(a, cfg.num_clients) for a in range(r.num_client_actors(cfg.num_clients))]
-        # Held by this actor for its lifetime: Ray re-runs a restarted ClientActor's constructor with
-        # these arguments, which must then still be in the object store.
-        self.constructor_refs = self._put_shards(dataset)
-        actors = []
-        for a, ref in enumerate(self.constructor_refs):
-            options: dict = {"num_cpus": r.client_cpus, "num_gpus": r.client_gpus, "max_restarts": r.client_max_restarts}
-            if placement_group is not None:
-                options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-                    placement_group, placement_group_bundle_index=first_client_bundle + a
-                )
-            actors.append(ClientActor.options(**options).remote(ref, cfg, dataset.num_features, dataset.num_classes, 0))
-        self._configure(cfg, dataset, actors, 0, self.constructor_refs)
+        self.actors = client_actors
+        self.experiment = -1
+        self.reset(cfg)
 
     def _put_shards(self, dataset) -> list[ray.ObjectRef]:
         """One object per ClientActor: the shards of the clients it hosts."""
@@ -171,7 +180,7 @@ class ServerActor:
         """Run experiment ``cfg`` next: its dataset, a fresh server, and the ClientActors reset to its shards
         and fresh states. ``cfg`` must have the resources and the number of clients of the first experiment."""
         dataset = build_federated_dataset(cfg.data)
-        self._configure(cfg, dataset, self.pool.actors, self.experiment + 1, self._put_shards(dataset))
+        self._configure(cfg, dataset, self.actors, self.experiment + 1, self._put_shards(dataset))
         ray.get([a.reset.remote(*setup) for a, setup in zip(self.pool.actors, self.pool.setups)])
 
     def clients_info(self) -> list[dict]:
@@ -203,6 +212,3 @@ class ServerActor:
     def client_states(self, client_ids: list[int]) -> list:
         return self.pool.states(client_ids)
 
-    def shutdown(self) -> None:
-        for a in self.pool.actors:
-            ray.kill(a)

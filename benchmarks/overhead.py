@@ -120,7 +120,7 @@ def main() -> int:
     # Stacking changes the order of float sums, so vectorized runs agree only with those stacking the same groups.
     groups = {"one by one": [n for n in res if "vec" not in n]}
     for k in sorted(set(per_cpu.values()), reverse=True):
-        groups[f"vectorized, groups of {k}"] = [n for n in res if n.endswith("vec") and f"k={k}" in n]
+        groups[f"vectorized, groups of {k}"] = [n for n in res if "vec" in n and f"k={k}" in n.split("/")]
     for label, names in groups.items():
         finals = {(r["final"], r["params_sum"]) for n in names for r in res[n]}
         print(f"\nidentical final metrics and parameters, {label} ({', '.join(names)}): {len(finals) == 1} {sorted(finals)[:3]}")

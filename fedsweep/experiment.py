@@ -67,6 +67,7 @@ class ExperimentRunner:
         self.own_pg = trial_placement_group is None
         self.pg = trial_placement_group
         self.server = None
+        self.client_actors: list = []  # started and owned by this driver; the ServerActor drives them
         self.reused = False  # True when a warm ServerActor of an earlier trial runs this one
         self.clients_info: list[dict] = []
 
@@ -84,13 +85,12 @@ class ExperimentRunner:
                     f"the cluster has {ray.available_resources()} available"
                 ) from None
         if not self.own_pg and _warm.get("key") == _warm_key(cfg, self.pg):
-            server = _warm.pop("server")
+            self.server, self.client_actors = _warm.pop("server"), _warm.pop("client_actors")
             try:
-                ray.get(server.reset.remote(cfg), timeout=self.start_timeout_s)
-                self.server = server
+                ray.get(self.server.reset.remote(cfg), timeout=self.start_timeout_s)
                 self.reused = True
             except ray.exceptions.RayError:  # it or a ClientActor died since: start anew
-                ray.kill(server)
+                self._kill()
         if self.server is None:
             self._start_server()
         self.clients_info = ray.get(self.server.clients_info.remote(), timeout=self.start_timeout_s)
@@ -98,12 +98,13 @@ class ExperimentRunner:
     def _start_server(self) -> None:
         cfg = self.cfg
         server_cpus = cfg.resources.server_cpus if self.own_pg else 0
-        from actors.server import ServerActor
+        from actors.server import ServerActor, start_client_actors
 
+        self.client_actors = start_client_actors(cfg, self.pg)  # the driver owns them: kept until stop()
         self.server = ServerActor.options(
             num_cpus=server_cpus,
             scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=0),
-        ).remote(cfg, self.pg)
+        ).remote(cfg, self.client_actors)
 
     def rounds(self, start: int = 0, pipelined: bool = False, sync_after: Container[int] = ()) -> Iterator[dict[str, float]]:
         """Rounds ``start`` (0: initial evaluation) to ``rounds``; each item carries ``wall_time_s`` since
@@ -145,19 +146,19 @@ class ExperimentRunner:
     def client_table(self) -> list[dict]:
         return ray.get(self.server.client_table.remote())
 
+    def _kill(self) -> None:
+        for actor in [self.server, *self.client_actors]:
+            if actor is not None:
+                ray.kill(actor)
+        self.server, self.client_actors = None, []
+
     def stop(self, keep_warm: bool = False) -> None:
         """Stop the actors; ``keep_warm`` (a trial that ended without error) keeps them for the next trial."""
         if keep_warm and not self.own_pg and self.server is not None:
-            _warm.update(key=_warm_key(self.cfg, self.pg), server=self.server)
-            self.server = None
+            _warm.update(key=_warm_key(self.cfg, self.pg), server=self.server, client_actors=self.client_actors)
+            self.server, self.client_actors = None, []
             return
-        if self.server is not None:
-            try:
-                ray.get(self.server.shutdown.remote(), timeout=30)
-            except Exception:
-                pass
-            ray.kill(self.server)
-            self.server = None
+        self._kill()
         if self.own_pg and self.pg is not None:
             remove_placement_group(self.pg)
             self.pg = None

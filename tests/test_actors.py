@@ -234,30 +234,33 @@ def test_a_reset_server_runs_the_next_experiment_like_fresh_actors(ray_session):
     assert {i["pid"] for i in info} == pids
 
 
-def test_a_client_actor_restarted_after_a_reset_is_set_up_for_the_current_experiment(ray_session):
-    """Ray restarts a dead ClientActor from the arguments of the experiment it was created for (a's shards);
-    its first call then fails as stale and the pool sets it up again for b (an evaluation retries at once;
-    a training call counts its clients as dropped that round)."""
+def _kill_a_client_actor_between_calls(ray_session, runner) -> None:
+    """SIGKILL the ClientActor of client 0 while no call runs, and wait until Ray has restarted it."""
     import os
     import signal
 
+    victim = runner.clients_info[0]["pid"]
+    os.kill(victim, signal.SIGKILL)  # between calls: no call sees it die
+    deadline = time.time() + 60
+    while time.time() < deadline:  # until Ray has restarted it (a new process answers)
+        try:
+            if ray_session.get(runner.server.clients_info.remote())[0]["pid"] != victim:
+                return
+        except ray_session.exceptions.RayError:  # down, or coming back
+            pass
+        time.sleep(0.2)
+    raise AssertionError("the killed ClientActor was not restarted within 60 s")
+
+
+def test_a_client_actor_restarted_after_a_reset_is_set_up_for_the_current_experiment(ray_session):
+    """Ray restarts a dead ClientActor empty; its first call then fails as stale and the pool sets it up
+    again for b, not a (an evaluation retries at once; a training call counts its clients as dropped that round)."""
     a, b = _two_experiments()
     runner, _ = _run_b_after_a(ray_session, a, b)
     try:
         rounds = runner.rounds()
         next(rounds)  # round 0 on every actor
-        victim = runner.clients_info[0]["pid"]
-        os.kill(victim, signal.SIGKILL)  # between calls: no call sees it die
-        deadline = time.time() + 60
-        while time.time() < deadline:  # until Ray has restarted it (a new process answers)
-            try:
-                if ray_session.get(runner.server.clients_info.remote())[0]["pid"] != victim:
-                    break
-            except ray_session.exceptions.RayError:  # down, or coming back
-                pass
-            time.sleep(0.2)
-        else:
-            raise AssertionError("the killed ClientActor was not restarted within 60 s")
+        _kill_a_client_actor_between_calls(ray_session, runner)
         history = list(rounds)
         table = runner.client_table()
     finally:
@@ -272,3 +275,20 @@ def test_a_client_actor_restarted_after_a_reset_is_set_up_for_the_current_experi
     assert sizes(server_a.last_evals) != sizes(server_b.last_evals)  # the two partitions tell the shards apart
     # The final evaluation ran on b's shards on every actor, the restarted one included.
     assert [(r["client_id"], r["num_train"], r["num_test"]) for r in table] == sizes(server_b.last_evals)
+
+
+def test_a_client_actor_restarted_in_its_first_experiment_gets_the_checkpointed_states_back(ray_session):
+    """Dead between calls, a ClientActor comes back empty, so the pool notices it (its next call is stale)
+    and loads its client's state from the last checkpoint instead of going on with a fresh one."""
+    _, b = _two_experiments()  # SCAFFOLD: every client keeps a control variate
+    runner = ExperimentRunner(b)
+    try:
+        runner.start()
+        rounds = runner.rounds()
+        next(rounds), next(rounds)  # rounds 0 and 1
+        runner.checkpoint(1)
+        _kill_a_client_actor_between_calls(ray_session, runner)
+        history = list(rounds)
+    finally:
+        runner.stop()
+    assert sum(h["clients_restored"] for h in history) == 1  # client 0, one client per ClientActor
