@@ -13,7 +13,6 @@ from fedsweep.config import ExperimentConfig
 from fedsweep.evaluation import ClientEval
 from fedsweep.federation import COMPUTE_THREADS, Client, ClientSnapshot, Payload, train_clients
 
-
 #: The calls made every round (ServerActor.step, ClientActor.train and evaluate) report no task events to
 #: Ray's dashboard and state API (``ray list tasks``, ``ray timeline``): Ray documents these events as a
 #: cost on every task; without them a 50 ms round on one core was 3% faster (docs/performance.md).

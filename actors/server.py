@@ -16,7 +16,6 @@ from fedsweep.data import build_federated_dataset
 from fedsweep.evaluation import ClientEval
 from fedsweep.federation import COMPUTE_THREADS, ClientSnapshot, Payload, Server
 
-
 #: Payloads up to this size ride inside each call, as Ray inlines small arguments (its
 #: ``max_direct_call_object_size``, 100 KiB); larger ones are put in the object store once per round.
 INLINE_PAYLOAD_BYTES = 100 * 1024
@@ -167,25 +166,25 @@ class ServerActor:
         """One object per ClientActor: the shards of the clients it hosts."""
         return [ray.put({i: dataset.clients[i] for i in ids}) for ids in self.hosts]
 
-    def _configure(self, cfg: ExperimentConfig, dataset, actors: list, experiment: int, shard_refs: list) -> None:
+    def _configure(self, cfg: ExperimentConfig, dataset, experiment: int, shard_refs: list) -> None:
         self.cfg = cfg
         self.experiment = experiment
         self.diverged = False
         self.server = Server(cfg, dataset.num_features, dataset.num_classes)
         # The arguments of ClientActor.reset per actor (they hold this experiment's shards), for restarted actors.
         setups = [(ref, cfg, dataset.num_features, dataset.num_classes, experiment) for ref in shard_refs]
-        self.pool = RayPool(actors, self.hosts, setups, experiment, cfg.resources.round_timeout_s)
+        self.pool = RayPool(self.actors, self.hosts, setups, experiment, cfg.resources.round_timeout_s)
 
     def reset(self, cfg: ExperimentConfig) -> None:
         """Run experiment ``cfg`` next: its dataset, a fresh server, and the ClientActors reset to its shards
         and fresh states. ``cfg`` must have the resources and the number of clients of the first experiment."""
         dataset = build_federated_dataset(cfg.data)
-        self._configure(cfg, dataset, self.actors, self.experiment + 1, self._put_shards(dataset))
-        ray.get([a.reset.remote(*setup) for a, setup in zip(self.pool.actors, self.pool.setups)])
+        self._configure(cfg, dataset, self.experiment + 1, self._put_shards(dataset))
+        ray.get([a.reset.remote(*setup) for a, setup in zip(self.actors, self.pool.setups)])
 
     def clients_info(self) -> list[dict]:
         """Blocks until every client actor is constructed."""
-        return [i for infos in ray.get([a.info.remote() for a in self.pool.actors]) for i in infos]
+        return [i for infos in ray.get([a.info.remote() for a in self.actors]) for i in infos]
 
     @ray.method(**ROUND_CALL)
     def step(self, rnd: int) -> dict[str, float] | None:
