@@ -62,15 +62,12 @@ def config(args, cpus: float = 1.0, clients_per_actor: int = 1, vectorize: bool 
 def worker_local(args) -> dict:
     import torch
 
-    from fedsweep.data import build_federated_dataset
-    from fedsweep.federation import Client, LocalPool, Server
+    from fedsweep.federation import COMPUTE_THREADS, local_federation
 
-    torch.set_num_threads(1)  # as in every actor
+    torch.set_num_threads(COMPUTE_THREADS)  # as in every actor
     t0 = time.perf_counter()
     cfg = config(args, clients_per_actor=args.clients_per_actor, vectorize=args.vectorize)
-    ds = build_federated_dataset(cfg.data)
-    server = Server(cfg, ds.num_features, ds.num_classes)
-    pool = LocalPool([Client(i, d, cfg, ds.num_features, ds.num_classes) for i, d in enumerate(ds.clients)])
+    server, pool = local_federation(cfg)
     server.step(pool, 0)
     t1 = time.perf_counter()
     for rnd in range(1, cfg.rounds + 1):

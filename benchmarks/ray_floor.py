@@ -25,16 +25,10 @@ from benchmarks._harness import repeat
 
 
 def worker(args) -> dict:
-    import torch
-
     from benchmarks.overhead import config
-    from fedsweep.data import build_federated_dataset
-    from fedsweep.federation import Client, LocalPool, Server, compute_threads
+    from fedsweep.federation import compute_threads, local_federation
 
-    cfg = config(argparse.Namespace(clients=20, rounds=args.rounds, hidden=[20]), clients_per_actor=20)
-    ds = build_federated_dataset(cfg.data)
-    server = Server(cfg, ds.num_features, ds.num_classes)
-    pool = LocalPool([Client(i, d, cfg, ds.num_features, ds.num_classes) for i, d in enumerate(ds.clients)])
+    server, pool = local_federation(config(argparse.Namespace(clients=20, rounds=args.rounds, hidden=[20]), clients_per_actor=20))
 
     def rounds_ms(first: int) -> float:  # median training round, evaluation excluded
         times = []
@@ -45,7 +39,6 @@ def worker(args) -> dict:
         return statistics.median(times) * 1000
 
     with compute_threads():
-        torch.manual_seed(0)
         alone = rounds_ms(1)
         if args.ray:
             import ray

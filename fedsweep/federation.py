@@ -279,12 +279,17 @@ class Server:
         return metrics
 
 
-def run_local(cfg: ExperimentConfig) -> tuple[list[dict[str, float]], Server]:
-    """The whole experiment in this process, no Ray: the reference the actor path is checked against."""
+def local_federation(cfg: ExperimentConfig) -> tuple[Server, LocalPool]:
+    """Experiment ``cfg``'s server and all its clients in this process: its dataset, fresh states."""
     from fedsweep.data import build_federated_dataset
 
+    ds = build_federated_dataset(cfg.data)
+    server = Server(cfg, ds.num_features, ds.num_classes)
+    return server, LocalPool([Client(i, d, cfg, ds.num_features, ds.num_classes) for i, d in enumerate(ds.clients)])
+
+
+def run_local(cfg: ExperimentConfig) -> tuple[list[dict[str, float]], Server]:
+    """The whole experiment in this process, no Ray: the reference the actor path is checked against."""
     with compute_threads():  # as in the actors
-        ds = build_federated_dataset(cfg.data)
-        server = Server(cfg, ds.num_features, ds.num_classes)
-        pool = LocalPool([Client(i, d, cfg, ds.num_features, ds.num_classes) for i, d in enumerate(ds.clients)])
+        server, pool = local_federation(cfg)
         return [server.step(pool, rnd) for rnd in range(cfg.rounds + 1)], server

@@ -12,7 +12,7 @@ import torch
 from fedsweep.config import validate
 from fedsweep.data import build_federated_dataset
 from fedsweep.evaluation import ClientEval, summarize
-from fedsweep.federation import Server, run_local
+from fedsweep.federation import Server, local_federation, run_local
 from fedsweep.models import FlatModel, build_model
 from tests.conftest import config_dict
 
@@ -163,11 +163,7 @@ def test_summary_metrics_from_per_client_sums():
 
 def test_divergence_is_flagged_and_evaluated():
     cfg = validate(config_dict(algorithm={"local_lr": 1e30, "local_steps": 5}, rounds=6, eval_every=6))
-    ds = build_federated_dataset(cfg.data)
-    from fedsweep.federation import Client, LocalPool
-
-    server = Server(cfg, ds.num_features, ds.num_classes)
-    pool = LocalPool([Client(i, d, cfg, ds.num_features, ds.num_classes) for i, d in enumerate(ds.clients)])
+    server, pool = local_federation(cfg)
     m = {}
     for rnd in range(1, 7):
         m = server.step(pool, rnd)
@@ -186,24 +182,17 @@ def test_checkpoint_through_disk_resumes_to_the_same_numbers(algorithm, tmp_path
     """Run 2 rounds, checkpoint to disk, load into a fresh server and fresh clients, run rounds 3-5: the
     same global vector and metrics as 5 uninterrupted rounds (every draw is seeded per round)."""
     from fedsweep import checkpoint
-    from fedsweep.federation import Client, LocalPool
 
     cfg = validate(config_dict(algorithm={**algorithm, "local_steps": 3}, rounds=5, eval_every=5))
     reference, ref_server = run_local(cfg)
-    ds = build_federated_dataset(cfg.data)
-
-    def fresh():
-        server = Server(cfg, ds.num_features, ds.num_classes)
-        return server, LocalPool([Client(i, d, cfg, ds.num_features, ds.num_classes) for i, d in enumerate(ds.clients)])
-
-    server, pool = fresh()
+    server, pool = local_federation(cfg)
     for rnd in range(3):
         server.step(pool, rnd)
     checkpoint.save(server.checkpoint(pool, 2), tmp_path, {"run_id": "abc"})
     loaded, extra = checkpoint.load(tmp_path)
     assert extra == {"run_id": "abc"} and loaded["round"] == 2
 
-    server, pool = fresh()
+    server, pool = local_federation(cfg)
     start = server.restore(pool, loaded)
     assert start == 3
     last = [server.step(pool, rnd) for rnd in range(start, cfg.rounds + 1)][-1]
