@@ -33,6 +33,21 @@ def test_synthetic_sizes_follow_a_power_law():
     assert sizes.mean() > 2 * np.median(sizes)
 
 
+def test_synthetic_size_multiplier_scales_the_power_law_as_pfedmes_generator_does():
+    def sizes(**kw):
+        ds = build_federated_dataset(SyntheticConfig(num_clients=100, seed=0, **kw))
+        return np.array([c.num_train + c.num_test for c in ds.clients])
+
+    base = sizes()
+    assert np.array_equal(sizes(size_multiplier=5), 5 * base)  # same draw, every size times 5
+    # pFedMe's Synthetic(0.5, 0.5): sizes in [250, 25810] (its Sec. 5.1), the bounds as the protocol file sets them
+    capped = sizes(size_multiplier=5, max_samples_per_client=25810)
+    assert capped.min() == 250 and capped.max() == 25810
+    assert np.array_equal(capped, np.minimum(5 * base, 25810))
+    with pytest.raises(ValueError, match="size_multiplier"):
+        SyntheticConfig(size_multiplier=0)
+
+
 def test_synthetic_is_deterministic_per_seed():
     a = build_federated_dataset(SyntheticConfig(num_clients=5, seed=7))
     b = build_federated_dataset(SyntheticConfig(num_clients=5, seed=7))

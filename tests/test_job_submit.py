@@ -3,6 +3,7 @@ the job SUCCEEDED, and the MLflow store holding the sweep's parent run and one f
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -11,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 
@@ -38,33 +40,49 @@ def head_node(tmp_path):
     # as in an activated virtual environment: the job's entrypoint finds `fedsweep` on PATH
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     temp = Path("/tmp") / f"rayjob{os.getpid()}"  # short: Ray's socket paths have a length limit
-    proc = subprocess.Popen(
-        [RAY, "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={gcs}",
-         "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--num-cpus=2", "--num-gpus=0",
-         f"--temp-dir={temp}", "--include-dashboard=true",
-         # its own agent ports, so that another Ray instance on the machine (the suite's) does not collide
-         f"--dashboard-agent-listen-port={agent}", f"--dashboard-agent-grpc-port={agent_grpc}",
-         f"--metrics-export-port={metrics}", f"--runtime-env-agent-port={runtime_env}"],
-        stdout=open(tmp_path / "head.log", "w"), stderr=subprocess.STDOUT, env=env, start_new_session=True,
-    )
-    address = f"http://127.0.0.1:{dash}"
-    deadline, last_error = time.time() + 120, ""
-    while time.time() < deadline:
-        r = subprocess.run([RAY, "job", "list", "--address", address], capture_output=True, text=True, env=env)
-        if r.returncode == 0:
-            break
-        last_error = r.stderr[-1500:]
-        if proc.poll() is not None:
-            pytest.fail(f"ray start exited: {(tmp_path / 'head.log').read_text()[-3000:]}")
-        time.sleep(2)
-    else:
-        pytest.fail(f"the head's job server did not answer: {last_error}")
-    yield address, env
-    os.killpg(proc.pid, signal.SIGTERM)
+    with (tmp_path / "head.log").open("w") as log:
+        proc = subprocess.Popen(
+            [RAY, "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={gcs}",
+             "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--num-cpus=2", "--num-gpus=0",
+             f"--temp-dir={temp}", "--include-dashboard=true",
+             # its own agent ports, so that another Ray instance on the machine (the suite's) does not collide
+             f"--dashboard-agent-listen-port={agent}", f"--dashboard-agent-grpc-port={agent_grpc}",
+             f"--metrics-export-port={metrics}", f"--runtime-env-agent-port={runtime_env}"],
+            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        )
+        try:
+            address = f"http://127.0.0.1:{dash}"
+            deadline, last_error = time.time() + 120, ""
+            while time.time() < deadline:
+                r = subprocess.run([RAY, "job", "list", "--address", address], check=False, capture_output=True,
+                                   text=True, env=env)
+                if r.returncode == 0:
+                    break
+                last_error = r.stderr[-1500:]
+                if proc.poll() is not None:
+                    pytest.fail(f"ray start exited: {(tmp_path / 'head.log').read_text()[-3000:]}")
+                time.sleep(2)
+            else:
+                pytest.fail(f"the head's job server did not answer: {last_error}")
+            yield address, env
+        finally:
+            stop(proc)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """Stop the head's process tree. Ray's own shutdown on SIGTERM waits out grace periods (about 30 s
+    here); this cluster's data is disposable, so what has not exited 5 s after SIGTERM is killed."""
     try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+        os.killpg(proc.pid, signal.SIGTERM)
+    except (psutil.NoSuchProcess, ProcessLookupError):  # `ray start` already exited (and its group with it)
+        return
+    _, alive = psutil.wait_procs(tree, timeout=5)
+    for p in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    psutil.wait_procs(alive, timeout=30)
+    proc.wait(timeout=30)
 
 
 def test_sweep_submitted_with_ray_job_submit(head_node, tmp_path):
@@ -87,10 +105,10 @@ def test_sweep_submitted_with_ray_job_submit(head_node, tmp_path):
     r = subprocess.run(
         [RAY, "job", "submit", "--address", address, "--working-dir", str(work), "--submission-id", "fedsweep-e2e",
          "--runtime-env", str(tmp_path / "runtime_env.yaml"), "--", "sweeps/tiny.yaml", "--quiet"],
-        capture_output=True, text=True, env=env, timeout=900,
+        check=False, capture_output=True, text=True, env=env, timeout=900,
     )
     status = subprocess.run([RAY, "job", "status", "--address", address, "fedsweep-e2e"],
-                            capture_output=True, text=True, env=env)
+                            check=False, capture_output=True, text=True, env=env)
     assert r.returncode == 0 and "succeeded" in status.stdout.lower(), (r.stdout[-4000:], r.stderr[-3000:], status.stdout[-500:])
     assert "| fedavg |" in r.stdout  # the job printed the table
     c = MlflowClient(f"sqlite:///{db}")

@@ -107,6 +107,9 @@ class SyntheticConfig(StrictModel):
     num_classes: int = Field(10, ge=2)
     min_samples_per_client: int = Field(50, ge=2)
     max_samples_per_client: int | None = Field(None, ge=2)
+    size_multiplier: int = Field(
+        1, ge=1, description="Device size = (⌊LogNormal(4, 2)⌋ + min_samples_per_client) × this; pFedMe's generator uses 5."
+    )
     test_fraction: float = Field(0.25, gt=0, lt=1)
     seed: int = Field(0, ge=0, description="Seed of the data itself; fixed across the experiment's seeds.")
 
@@ -241,7 +244,7 @@ def _image_clients(cfg: ImageConfig) -> tuple[list[ClientData], int, int]:
         perms = partitions.label_permutations(n, num_classes, rng) if isinstance(p, ALIDPartition) else None
         clients = []
         for i, (tr, te) in enumerate(split):
-            relabel = (lambda y, perm=perms[i]: perm[y]) if perms is not None else (lambda y: y)  # noqa: E731
+            relabel = (lambda y, perm=perms[i]: perm[y]) if perms is not None else (lambda y: y)
             t = torch.from_numpy
             clients.append(ClientData(t(x_tr[tr]), t(relabel(y_tr[tr])), t(x_te[te]), t(relabel(y_te[te]))))
         return clients, x_tr.shape[1], num_classes
@@ -279,6 +282,7 @@ def build_federated_dataset(cfg: SyntheticConfig | DigitsConfig | ImageConfig) -
             cfg.min_samples_per_client,
             cfg.max_samples_per_client,
             np.random.default_rng([cfg.seed, 1]),
+            cfg.size_multiplier,
         )
         clients = []
         for x, y in devices:

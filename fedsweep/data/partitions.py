@@ -44,7 +44,7 @@ def label_skew(
 def train_test_split(indices: np.ndarray, test_fraction: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """A client's own random train/test split, with at least one sample on each side."""
     perm = rng.permutation(indices)
-    n_test = min(max(1, int(round(test_fraction * len(perm)))), len(perm) - 1)
+    n_test = min(max(1, round(test_fraction * len(perm))), len(perm) - 1)
     return np.sort(perm[n_test:]), np.sort(perm[:n_test])
 
 

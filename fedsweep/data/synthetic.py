@@ -8,7 +8,9 @@ For device k:
     y = argmax softmax(W_k x + b_k)
 
 ᾱ controls how much the local models differ, β̄ how much the local inputs differ.
-Device sizes follow a power law: ⌊LogNormal(4, 2)⌋ + ``min_samples`` (optionally capped).
+Device sizes follow a power law: (⌊LogNormal(4, 2)⌋ + ``min_samples``) × ``size_multiplier`` (optionally
+capped). FedProx uses multiplier 1; pFedMe's generator multiplies by 5, which gives the size range its
+paper states for Synthetic(0.5, 0.5), [250, 25810].
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ from __future__ import annotations
 import numpy as np
 
 
-def client_sizes(num_clients: int, rng: np.random.Generator, min_samples: int, max_samples: int | None) -> np.ndarray:
-    sizes = rng.lognormal(4.0, 2.0, num_clients).astype(np.int64) + min_samples
+def client_sizes(
+    num_clients: int, rng: np.random.Generator, min_samples: int, max_samples: int | None, size_multiplier: int = 1
+) -> np.ndarray:
+    sizes = (rng.lognormal(4.0, 2.0, num_clients).astype(np.int64) + min_samples) * size_multiplier
     if max_samples is not None:
         sizes = np.minimum(sizes, max_samples)
     return sizes
@@ -32,9 +36,10 @@ def generate(
     min_samples: int,
     max_samples: int | None,
     rng: np.random.Generator,
+    size_multiplier: int = 1,
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """One (x, y) pair per device, float32 features and int64 labels."""
-    sizes = client_sizes(num_clients, rng, min_samples, max_samples)
+    sizes = client_sizes(num_clients, rng, min_samples, max_samples, size_multiplier)
     u = rng.normal(0.0, model_heterogeneity, num_clients)
     b_mean = rng.normal(0.0, data_heterogeneity, num_clients)
     std = np.power(np.arange(1, num_features + 1, dtype=np.float64), -1.2) ** 0.5

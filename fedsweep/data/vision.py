@@ -56,13 +56,13 @@ def read_idx(path: Path) -> np.ndarray:
 class _ArrayUnpickler(pickle.Unpickler):
     """Unpickles dicts, lists, strings, numbers and NumPy arrays; refuses every other global."""
 
-    ALLOWED = {
+    ALLOWED = frozenset({
         ("numpy.core.multiarray", "_reconstruct"),
         ("numpy._core.multiarray", "_reconstruct"),
         ("numpy", "ndarray"),
         ("numpy", "dtype"),
         ("_codecs", "encode"),  # how protocol-2 pickles written by Python 3 carry bytes
-    }
+    })
 
     def find_class(self, module: str, name: str):
         if (module, name) not in self.ALLOWED:
