@@ -98,12 +98,17 @@ def cmd_table(args) -> int:
     if args.last_evaluations < 1:
         print(f"error: --last-evaluations: {args.last_evaluations}; allowed: an integer >= 1", file=sys.stderr)
         return EXIT_BAD_INPUT
+    if args.max_over_rounds and args.last_evaluations > 1:
+        print("error: --max-over-rounds and --last-evaluations exclude each other; give one", file=sys.stderr)
+        return EXIT_BAD_INPUT
     if args.target_accuracy is not None and not 0 < args.target_accuracy <= 1:
         print(f"error: --target-accuracy: {args.target_accuracy} is outside (0, 1]; give a fraction, e.g. 0.876", file=sys.stderr)
         return EXIT_BAD_INPUT
     uri = resolve_tracking_uri(args.tracking_uri)
     try:
-        runs, sweep_tags = load_runs(uri, args.experiment, args.sweep_run, args.target_accuracy, args.last_evaluations)
+        runs, sweep_tags = load_runs(
+            uri, args.experiment, args.sweep_run, args.target_accuracy, args.last_evaluations, args.max_over_rounds
+        )
     except LookupError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -177,7 +182,10 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("table", help="best setting per algorithm, mean ± 95%% CI over seeds, read from MLflow")
     s.add_argument("--experiment", required=True, help="MLflow experiment name")
     s.add_argument("--sweep-run", default=None, help="only the trials of this sweep parent run id")
-    s.add_argument("--metric", default=None, help="final-round metric to rank by (default: the sweep's)")
+    s.add_argument(
+        "--metric", default=None,
+        help="metric to rank by, at the final round unless --last-evaluations or --max-over-rounds (default: the sweep's)",
+    )
     s.add_argument("--mode", choices=["max", "min"], default=None)
     s.add_argument("--format", choices=["markdown", "csv", "parquet"], default="markdown")
     s.add_argument("--output", default=None, help="file to write (required for csv and parquet)")
@@ -185,6 +193,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--last-evaluations", type=int, default=1, metavar="N",
         help="report each run's mean over its last N evaluation rounds (default 1: the final round)",
+    )
+    s.add_argument(
+        "--max-over-rounds", action="store_true",
+        help="report each run's best evaluation round instead of its final one (how pFedMe's published code "
+        "scores a run); not with --last-evaluations",
     )
     s.add_argument(
         "--target-accuracy", type=float, default=None, metavar="ACC",

@@ -40,10 +40,14 @@ def to_target(c, run_id: str, target: float, metric: str = "personalized_accurac
     return float(reached[0]), float(sent.get(reached[0], math.nan))
 
 
-def last_evaluations_mean(c, run_id: str, metric: str, count: int) -> float:
-    """Mean of ``metric`` over its last ``count`` logged evaluation rounds."""
-    history = sorted(c.get_metric_history(run_id, metric), key=lambda m: m.step)
-    return float(np.mean([m.value for m in history[-count:]])) if history else math.nan
+def over_evaluations(c, run_id: str, metric: str, last: int = 1, peak: bool = False) -> float:
+    """``metric`` reduced over its logged evaluation rounds: the mean of the last ``last`` ones, or with
+    ``peak`` the maximum over all of them (how pFedMe's published code scores a run: each run's best
+    round, then the mean over runs)."""
+    values = [m.value for m in sorted(c.get_metric_history(run_id, metric), key=lambda m: m.step)]
+    if not values:
+        return math.nan
+    return float(max(values)) if peak else float(np.mean(values[-last:]))
 
 
 def load_runs(
@@ -52,12 +56,15 @@ def load_runs(
     sweep_run_id: str | None = None,
     target_accuracy: float | None = None,
     last_evaluations: int = 1,
+    peak: bool = False,
 ) -> tuple[pd.DataFrame, dict]:
     """Finished trial runs of ``experiment`` (of one sweep if ``sweep_run_id``), and the sweep's tags.
-    With ``target_accuracy``, each run also gets the :data:`TARGET_COLUMNS` from its metric history;
-    with ``last_evaluations`` > 1, the :data:`REPORTED` metrics are each run's mean over its last
-    ``last_evaluations`` evaluation rounds instead of the final one (as papers that average the last
-    rounds report)."""
+    With ``target_accuracy``, each run also gets the :data:`TARGET_COLUMNS` from its metric history.
+    Every accuracy metric is the final round's, or with ``last_evaluations`` > 1 each run's mean over its
+    last ``last_evaluations`` evaluation rounds (as papers that average the last rounds report), or with
+    ``peak`` its maximum over all of them (as pFedMe's code reports); the two exclude each other."""
+    if peak and last_evaluations > 1:
+        raise ValueError("peak and last_evaluations > 1 exclude each other")
     c = client(uri)
     exp = c.get_experiment_by_name(experiment)
     if exp is None:
@@ -97,10 +104,10 @@ def load_runs(
         )
         if target_accuracy is not None:
             rows[-1].update(zip(TARGET_COLUMNS, to_target(c, r.info.run_id, target_accuracy)))
-        if last_evaluations > 1:
-            for key in REPORTED:
-                if key in r.data.metrics:
-                    rows[-1][key] = last_evaluations_mean(c, r.info.run_id, key, last_evaluations)
+        if last_evaluations > 1 or peak:
+            for key in r.data.metrics:
+                if "accuracy" in key:  # the ranked metric as well as the REPORTED ones
+                    rows[-1][key] = over_evaluations(c, r.info.run_id, key, last_evaluations, peak)
     return pd.DataFrame(rows), sweep_tags
 
 
@@ -129,7 +136,7 @@ def best_settings(runs: pd.DataFrame, metric: str, mode: str = "max", group_by: 
             "algorithm": key[0] + (f" ({split})" if split else ""),
             "best setting": chosen["setting_label"].iloc[0],
             "settings tried": int(tried["setting"].nunique()),
-            "seeds": int(len(chosen)),
+            "seeds": len(chosen),
         }
         for key in dict.fromkeys((metric, *REPORTED)):
             if key in chosen.columns:
@@ -183,7 +190,7 @@ def to_markdown(table: pd.DataFrame) -> str:
     metrics = [c[: -len(" mean")] for c in table.columns if c.endswith(" mean")]
     target = "seeds reaching target" in table.columns
     head = ["algorithm", "best setting", "settings tried", "seeds"] + [
-        m + (" (%)" if m.startswith("personalized_accuracy") or m.startswith("global_accuracy") else "") for m in metrics
+        m + (" (%)" if m.startswith(("personalized_accuracy", "global_accuracy")) else "") for m in metrics
     ] + (["seeds reaching target"] if target else [])
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for _, r in table.iterrows():

@@ -104,3 +104,32 @@ def test_mean_over_the_last_evaluations(store, capsys):
     assert table.loc["fedavg", "personalized_accuracy_worst mean"] == pytest.approx(per_seed.mean() - 0.2)
     assert main(["table", "--experiment", "table-test", "--tracking-uri", store, "--last-evaluations", "0"]) == 2
     assert "--last-evaluations: 0" in capsys.readouterr().err
+
+
+def test_max_over_rounds_ranks_and_reports_each_runs_best_round(tmp_path, capsys):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    c = client(uri)
+    exp = ensure_experiment(uri, "peak-test")
+    histories = {0.1: [[0.1, 0.9, 0.6], [0.1, 0.8, 0.7]], 0.01: [[0.1, 0.5, 0.75], [0.1, 0.6, 0.75]]}
+    for lr, per_seed in histories.items():
+        for seed, accs in enumerate(per_seed):
+            run = log_run(c, exp, "pfedme", "mlr", lr, seed, accs)
+            for i, acc in enumerate(accs):  # a metric outside REPORTED, ranked by as the pFedMe protocol does
+                c.log_metric(run, "personalized_accuracy_weighted", acc, step=10 * i)
+    final = best_settings(load_runs(uri, "peak-test")[0], "personalized_accuracy_weighted").iloc[0]
+    assert final["best setting"] == "lr=0.01" and final["personalized_accuracy_weighted mean"] == pytest.approx(0.75)
+    peak = best_settings(load_runs(uri, "peak-test", peak=True)[0], "personalized_accuracy_weighted").iloc[0]
+    assert peak["best setting"] == "lr=0.1"  # best rounds 0.9 and 0.8, against 0.75 and 0.75
+    assert peak["personalized_accuracy_weighted mean"] == pytest.approx(0.85)
+    assert peak["personalized_accuracy_weighted ci95"] == pytest.approx(ci95(np.array([0.9, 0.8])))
+    assert peak["global_accuracy mean"] == pytest.approx(0.85 - 0.05)
+    # the mean over the last evaluations applies to the ranked metric too
+    last2 = best_settings(load_runs(uri, "peak-test", last_evaluations=2)[0], "personalized_accuracy_weighted").iloc[0]
+    assert last2["best setting"] == "lr=0.1"  # 0.75 and 0.75 against 0.625 and 0.675
+    assert last2["personalized_accuracy_weighted mean"] == pytest.approx(np.mean([(0.9 + 0.6) / 2, (0.8 + 0.7) / 2]))
+    assert main(["table", "--experiment", "peak-test", "--tracking-uri", uri, "--metric", "personalized_accuracy_weighted",
+                 "--max-over-rounds"]) == 0
+    assert "| pfedme | lr=0.1 | 2 | 2 | 85.00 ±" in capsys.readouterr().out
+    assert main(["table", "--experiment", "peak-test", "--tracking-uri", uri, "--max-over-rounds",
+                 "--last-evaluations", "3"]) == 2
+    assert "--max-over-rounds and --last-evaluations exclude each other" in capsys.readouterr().err
