@@ -166,21 +166,19 @@ class ServerActor:
         """One object per ClientActor: the shards of the clients it hosts."""
         return [ray.put({i: dataset.clients[i] for i in ids}) for ids in self.hosts]
 
-    def _configure(self, cfg: ExperimentConfig, dataset, experiment: int, shard_refs: list) -> None:
-        self.cfg = cfg
-        self.experiment = experiment
-        self.diverged = False
-        self.server = Server(cfg, dataset.num_features, dataset.num_classes)
-        # The arguments of ClientActor.reset per actor (they hold this experiment's shards), for restarted actors.
-        setups = [(ref, cfg, dataset.num_features, dataset.num_classes, experiment) for ref in shard_refs]
-        self.pool = RayPool(self.actors, self.hosts, setups, experiment, cfg.resources.round_timeout_s)
-
     def reset(self, cfg: ExperimentConfig) -> None:
         """Run experiment ``cfg`` next: its dataset, a fresh server, and the ClientActors reset to its shards
         and fresh states. ``cfg`` must have the resources and the number of clients of the first experiment."""
         dataset = build_federated_dataset(cfg.data)
-        self._configure(cfg, dataset, self.experiment + 1, self._put_shards(dataset))
-        ray.get([a.reset.remote(*setup) for a, setup in zip(self.actors, self.pool.setups)])
+        self.cfg = cfg
+        self.experiment += 1
+        self.diverged = False
+        self.server = Server(cfg, dataset.num_features, dataset.num_classes)
+        # The arguments of ClientActor.reset per actor (they hold this experiment's shards), kept by the pool
+        # for restarted actors.
+        setups = [(ref, cfg, dataset.num_features, dataset.num_classes, self.experiment) for ref in self._put_shards(dataset)]
+        self.pool = RayPool(self.actors, self.hosts, setups, self.experiment, cfg.resources.round_timeout_s)
+        ray.get([a.reset.remote(*setup) for a, setup in zip(self.actors, setups)])
 
     def clients_info(self) -> list[dict]:
         """Blocks until every client actor is constructed."""

@@ -60,19 +60,17 @@ def config(args, cpus: float = 1.0, clients_per_actor: int = 1, vectorize: bool 
 
 
 def worker_local(args) -> dict:
-    import torch
+    from fedsweep.federation import compute_threads, local_federation
 
-    from fedsweep.federation import COMPUTE_THREADS, local_federation
-
-    torch.set_num_threads(COMPUTE_THREADS)  # as in every actor
-    t0 = time.perf_counter()
-    cfg = config(args, clients_per_actor=args.clients_per_actor, vectorize=args.vectorize)
-    server, pool = local_federation(cfg)
-    server.step(pool, 0)
-    t1 = time.perf_counter()
-    for rnd in range(1, cfg.rounds + 1):
-        last = server.step(pool, rnd)
-    t2 = time.perf_counter()
+    with compute_threads():  # as in every actor
+        t0 = time.perf_counter()
+        cfg = config(args, clients_per_actor=args.clients_per_actor, vectorize=args.vectorize)
+        server, pool = local_federation(cfg)
+        server.step(pool, 0)
+        t1 = time.perf_counter()
+        for rnd in range(1, cfg.rounds + 1):
+            last = server.step(pool, rnd)
+        t2 = time.perf_counter()
     return {"rounds_s": t2 - t1, "total_s": t2 - t0, "final": last["personalized_accuracy_mean"],
             "params_sum": float(server.params.double().sum())}
 
