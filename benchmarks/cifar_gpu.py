@@ -23,12 +23,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
-import ray  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import ray
+import torch
 
-from fedsweep.config import validate  # noqa: E402
-from fedsweep.experiment import ExperimentRunner  # noqa: E402
+from fedsweep.config import validate
+from fedsweep.experiment import ExperimentRunner
 
 
 def stand_in_cifar10(root: Path) -> None:
@@ -50,7 +50,7 @@ class GPUSampler(threading.Thread):
     def run(self):
         while not self.stop.is_set():
             out = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits"],
-                                 capture_output=True, text=True).stdout.split(",")
+                                 capture_output=True, text=True, check=False).stdout.split(",")
             self.samples.append((float(out[0]), float(out[1])))
             time.sleep(0.2)
 

@@ -22,11 +22,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import ray  # noqa: E402
-import torch  # noqa: E402
+import ray
+import torch
 
-from fedsweep.config import check_fits, validate  # noqa: E402
-from fedsweep.experiment import ExperimentRunner  # noqa: E402
+from fedsweep.config import check_fits, validate
+from fedsweep.experiment import ExperimentRunner
 
 WORKLOADS = {
     # The embedded default's model: tiny, so a GPU can only add transfer and launch costs.
@@ -92,10 +92,10 @@ def run(raw: dict) -> dict:
 def gpu_memory_used_mb() -> float | None:
     try:
         out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"], capture_output=True, text=True
+            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"], capture_output=True, text=True, check=False
         )
         return float(out.stdout.split()[0])
-    except Exception:
+    except (OSError, ValueError, IndexError):  # no nvidia-smi, or no GPU line
         return None
 
 

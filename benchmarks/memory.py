@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._harness import measure  # noqa: E402
+from benchmarks._harness import measure
 
 
 def config(clients: int, k: int):

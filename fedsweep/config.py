@@ -31,7 +31,7 @@ from fedsweep.schema import StrictModel, names_of
 
 _PARAMS = tuple(cls.Params for cls in ALGORITHMS.values())
 # A discriminated union needs two members or more; with one, the class itself validates.
-AlgorithmParams = Annotated[Union[_PARAMS], Field(discriminator="name")] if len(_PARAMS) > 1 else _PARAMS[0]
+AlgorithmParams = Annotated[Union[_PARAMS], Field(discriminator="name")] if len(_PARAMS) > 1 else _PARAMS[0]  # noqa: UP007 (a tuple of classes)
 ModelConfigField = Annotated[ModelConfig, Field(discriminator="name")]
 
 #: Metrics a sweep may optimise (all logged at every evaluation round).
@@ -417,8 +417,7 @@ def _format_errors(err: ValidationError, raw: dict, file: str, lines: dict[tuple
         line = lines.get(tuple(loc)) or lines.get(tuple(loc[:-1]))
         where = f"{file}:{line}" if line else file
         msg = e["msg"]
-        if msg.startswith("Value error, "):
-            msg = msg[len("Value error, ") :]
+        msg = msg.removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             model = _model_at(loc[:-1], raw)
             twin = _alias_of(model, loc[-1])
@@ -491,15 +490,9 @@ def check_fits(cfg: ExperimentConfig, cluster_cpus: float, cluster_gpus: float, 
 def local_capacity() -> tuple[float, float, float]:
     """CPUs, GPUs and memory (MB) of this machine, as a local Ray instance would see them."""
     import psutil
+    import torch
 
-    gpus = 0.0
-    try:
-        import torch
-
-        gpus = float(torch.cuda.device_count())
-    except Exception:  # pragma: no cover - torch always imports here
-        pass
-    return float(os.cpu_count() or 1), gpus, psutil.virtual_memory().total / 2**20
+    return float(os.cpu_count() or 1), float(torch.cuda.device_count()), psutil.virtual_memory().total / 2**20
 
 
 def check_resources(configs: list[ExperimentConfig], file: str, capacity: tuple[float, float, float | None] | None = None) -> None:
@@ -573,10 +566,10 @@ def load_sweep(path: str | Path, check_cluster: bool = True) -> Sweep:
         problems += [p.replace(f"{file}: ", f"{file}: sweep.", 1) for p in _format_errors(err, raw.get("sweep") or {}, file, {})]
         settings = None
     body = {k: v for k, v in raw.items() if k != "sweep"}
-    for path, _ in flatten_grids(body):
-        if any(path == f or path.startswith(f + ".") for f in SWEEP_WIDE):
+    for field, _ in flatten_grids(body):
+        if any(field == f or field.startswith(f + ".") for f in SWEEP_WIDE):
             problems.append(
-                f"{file}:{lines.get(tuple(path.split('.')), '?')}: {path}: one value serves the whole sweep and cannot be "
+                f"{file}:{lines.get(tuple(field.split('.')), '?')}: {field}: one value serves the whole sweep and cannot be "
                 f"a grid (sweep-wide fields: {', '.join(SWEEP_WIDE)})"
             )
     expanded = _expand(body, (), problems, lambda at: f"{file}:{lines.get(at, '?')}: ")

@@ -93,7 +93,7 @@ class Client:
         personal = self.algorithm.personalize(ctx, p, self._state(p["params"]))
         d = self.data
         pc, pl = score(self.algorithm.predictor(ctx, personal), d.x_test, d.y_test)
-        global_model = lambda x: self.model(p["params"], x)  # noqa: E731
+        global_model = lambda x: self.model(p["params"], x)
         gc, gl = score(global_model, d.x_test, d.y_test)
         _, tl = score(global_model, d.x_train, d.y_train)
         return ClientEval(self.client_id, d.num_train, d.num_test, pc, pl, gc, gl, tl, self.times_trained)

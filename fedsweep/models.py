@@ -102,7 +102,7 @@ class FlatModel:
         self._body = module[:-1] if isinstance(module, nn.Sequential) and len(module) > 1 else None
         self._head_prefix = f"{len(module) - 1}." if self._body is not None else None
 
-    def to(self, device: torch.device | str) -> "FlatModel":
+    def to(self, device: torch.device | str) -> FlatModel:
         self.module.to(device)
         return self
 

@@ -50,7 +50,7 @@ def ensure_experiment(uri: str, name: str) -> str:
     if exp is not None:
         return exp.experiment_id
     artifact_location = None
-    if uri.startswith("sqlite:") or uri.startswith("file:"):
+    if uri.startswith(("sqlite:", "file:")):
         artifact_location = (Path.cwd() / "mlartifacts").resolve().as_uri()
     try:
         # the kind tag tells the MLflow UI (3.x) these are model-training runs, not GenAI traces

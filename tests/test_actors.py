@@ -175,7 +175,7 @@ def test_unsampled_clients_keep_their_state(ray_session, algorithm, clients_per_
         runner.start()
         rounds = runner.rounds()
         next(rounds)
-        states = lambda: ray_session.get(runner.server.client_states.remote([0, 1, 2, 3]))  # noqa: E731
+        states = lambda: ray_session.get(runner.server.client_states.remote([0, 1, 2, 3]))
         seen_unsampled = 0
         for rnd in range(1, 5):
             before = states()

@@ -109,7 +109,7 @@ def test_pfedme_trains_every_client_and_aggregates_the_sampled():
         data={"num_clients": 4, "partition": {"name": "iid"}},
         rounds=2,
     )
-    hist, server = run_local(cfg)
+    hist, _ = run_local(cfg)
     assert hist[-1]["downloads"] == 2 * 4  # broadcast to all 4 clients each round
     assert hist[-1]["uploads"] == 2 * 2  # S = 2 aggregated
     assert hist[1]["clients_sampled"] == 2
@@ -217,7 +217,7 @@ def run_clients(cfg, rounds: int):
 def test_ditto_with_lambda_zero_personal_models_are_local_training():
     from fedsweep.algorithms.base import sgd
 
-    ditto = {"name": "ditto", "personalization_lr": 0.2, **{**COMMON, "batch_size": None}}
+    ditto = {"name": "ditto", "personalization_lr": 0.2, **COMMON, "batch_size": None}
     _, clients, w0 = run_clients(cfg_for({**ditto, "coupling": 0.0}), 3)
     for c in clients:
         ctx = ClientContext(c.model, c.data, torch.Generator().manual_seed(0))

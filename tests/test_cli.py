@@ -17,7 +17,7 @@ def fedsweep(*args, cwd, env_extra=None, timeout=300):
     env.pop("MLFLOW_TRACKING_URI", None)
     env.pop("RAY_ADDRESS", None)
     return subprocess.run(
-        [sys.executable, "-m", "fedsweep.cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "fedsweep.cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
     )
 
 

@@ -5,8 +5,8 @@ MLflow UI and finds the experiment, its runs and a per-round metric chart with o
 
 from __future__ import annotations
 
-import os
 import glob
+import os
 import shutil
 import signal
 import subprocess
@@ -51,11 +51,11 @@ def postgres():
     data = folder / "data"
     subprocess.run([*as_user, str(bin_dir / "initdb"), "-D", str(data), "--auth=trust", "-U", "postgres"],
                    check=True, capture_output=True)
-    proc = subprocess.Popen([*as_user, str(bin_dir / "postgres"), "-D", str(data), "-h", "127.0.0.1", "-p", str(port),
-                             "-k", str(folder)], stdout=subprocess.DEVNULL, stderr=open(folder.parent / f"{folder.name}.log", "w"),
-                            start_new_session=True)
+    with open(folder.parent / f"{folder.name}.log", "w") as log:  # the child keeps its own descriptor
+        proc = subprocess.Popen([*as_user, str(bin_dir / "postgres"), "-D", str(data), "-h", "127.0.0.1", "-p", str(port),
+                                 "-k", str(folder)], stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
     deadline = time.time() + 60
-    while subprocess.run([str(bin_dir / "pg_isready"), "-h", "127.0.0.1", "-p", str(port)], capture_output=True).returncode:
+    while subprocess.run([str(bin_dir / "pg_isready"), "-h", "127.0.0.1", "-p", str(port)], capture_output=True, check=False).returncode:
         if proc.poll() is not None or time.time() > deadline:
             pytest.fail(f"postgres did not start: {(folder.parent / f'{folder.name}.log').read_text()[-2000:]}")
         time.sleep(0.5)
@@ -73,9 +73,9 @@ def mlflow_server(tmp_path_factory, postgres):
     port = free_port()
     env = {**os.environ, "MLFLOW_PORT": str(port), "MLFLOW_SERVER_DIR": str(tmp / "srv"), "BACKEND_STORE_URI": postgres}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    log = open(tmp / "server.log", "w")
-    proc = subprocess.Popen(["bash", str(ROOT / "infra" / "mlflow_server.sh")], stdout=log, stderr=subprocess.STDOUT,
-                            env=env, start_new_session=True)
+    with open(tmp / "server.log", "w") as log:  # the child keeps its own descriptor
+        proc = subprocess.Popen(["bash", str(ROOT / "infra" / "mlflow_server.sh")], stdout=log, stderr=subprocess.STDOUT,
+                                env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 120
     while time.time() < deadline:
@@ -157,7 +157,7 @@ def test_ui_shows_experiment_runs_and_a_metric_chart(logged_sweep, browser, tmp_
     from mlflow import MlflowClient
     from selenium.webdriver.support.ui import WebDriverWait
 
-    body = lambda d: d.find_element("tag name", "body").text  # noqa: E731
+    body = lambda d: d.find_element("tag name", "body").text
     url, _ = logged_sweep
     c = MlflowClient(url)
     exp = c.get_experiment_by_name("ui-test")

@@ -18,7 +18,7 @@ def rng(seed: int = 0) -> np.random.Generator:
 
 
 def same(a, b) -> bool:
-    flat = lambda s: [x for item in s for x in (item if isinstance(item, tuple) else (item,))]  # noqa: E731
+    flat = lambda s: [x for item in s for x in (item if isinstance(item, tuple) else (item,))]
     return all(np.array_equal(x, y) for x, y in zip(flat(a), flat(b)))
 
 

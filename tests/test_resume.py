@@ -65,7 +65,7 @@ def test_killed_sweep_resumes_without_rerunning_or_duplicating(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_RUN_ID")}
 
     # Nothing to resume yet: exit 2 before any cluster work.
-    r = subprocess.run([FEDSWEEP, "sweep", str(path), "--resume"], capture_output=True, text=True, env=env, cwd=tmp_path)
+    r = subprocess.run([FEDSWEEP, "sweep", str(path), "--resume"], capture_output=True, text=True, env=env, cwd=tmp_path, check=False)
     assert r.returncode == 2 and "nothing to resume" in r.stderr and "sweep.storage_path" in r.stderr
 
     driver = subprocess.Popen([FEDSWEEP, "sweep", str(path), "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -88,7 +88,7 @@ def test_killed_sweep_resumes_without_rerunning_or_duplicating(tmp_path):
     assert any(x.info.status == "RUNNING" for x in before)  # killed mid-trial: orphans exist now
 
     r = subprocess.run([FEDSWEEP, "sweep", str(path), "--quiet", "--resume"], capture_output=True, text=True, env=env,
-                       cwd=tmp_path, timeout=600)
+                       cwd=tmp_path, timeout=600, check=False)
     assert r.returncode == 0, r.stderr[-3000:]
 
     from mlflow import MlflowClient

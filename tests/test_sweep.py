@@ -42,7 +42,7 @@ def finished_sweep(ray_session, tracking_uri, tmp_path_factory):
 def test_sweep_of_four_trials_two_at_a_time(finished_sweep, tracking_uri):
     from mlflow import MlflowClient
 
-    sweep, out = finished_sweep
+    _, out = finished_sweep
     assert out["errors"] == 0 and len(out["results"]) == 4
     c = MlflowClient(tracking_uri)
     exp = c.get_experiment_by_name("sweep-test")
@@ -97,7 +97,7 @@ def test_trials_on_warm_actors_give_the_numbers_of_fresh_ones(finished_sweep, tr
 
 
 def test_table_best_setting_with_ci(finished_sweep, tracking_uri):
-    sweep, out = finished_sweep
+    _, out = finished_sweep
     runs, tags = load_runs(tracking_uri, "sweep-test", out["parent_run_id"])
     assert tags["fedsweep.metric"] == "personalized_accuracy_mean"
     table = best_settings(runs, "personalized_accuracy_mean", "max")

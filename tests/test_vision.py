@@ -73,7 +73,7 @@ def test_mnist_loads_through_the_dataset_config(tmp_path):
     x_tr, y_tr, x_te, y_te = vision.load("mnist", tmp_path)
     assert x_tr.shape == (120, 784) and x_te.shape == (40, 784) and x_tr.dtype == np.float32
     assert np.allclose(x_tr, data["train"][0].reshape(120, -1) / 255.0)
-    assert np.array_equal(y_te, data["t10k"][1])
+    assert np.array_equal(y_tr, data["train"][1]) and np.array_equal(y_te, data["t10k"][1])
     cfg = ImageConfig(dataset="mnist", root=str(tmp_path), num_clients=5, partition={"name": "acid", "classes_per_client": 2})
     ds = build_federated_dataset(cfg)
     assert (ds.num_features, ds.num_classes, len(ds.clients)) == (784, 10, 5)

@@ -99,7 +99,7 @@ class ClientData:
     def num_test(self) -> int:
         return int(self.y_test.shape[0])
 
-    def to(self, device: torch.device | str) -> "ClientData":
+    def to(self, device: torch.device | str) -> ClientData:
         return ClientData(*(t.to(device) for t in (self.x_train, self.y_train, self.x_test, self.y_test)))
 
 
@@ -171,7 +171,7 @@ def sgd(
     ∇f_i(w; D) (the PFL transforms use ∇f_i(T(w; D); D′)).
     """
     if gradient is None:
-        gradient = lambda v: grad(ctx.loss, v, ctx.batch(batch_size))  # noqa: E731
+        gradient = lambda v: grad(ctx.loss, v, ctx.batch(batch_size))
     w = params.detach().clone()
     total = 0.0
     for _ in range(steps):

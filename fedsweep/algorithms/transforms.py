@@ -95,7 +95,7 @@ class TransformHooks:
         self, ctx: ClientContext, w0: torch.Tensor, lr: float, steps: int, batch_size: int | None, correction: Callable | None = None
     ) -> tuple[torch.Tensor, float]:
         """τ steps w ← w − lr (∇f_i(T(w; D); D′) + c(w))."""
-        step = lambda w: transformed_gradient(ctx, self.transform, w, self.transform_lr(), batch_size)  # noqa: E731
+        step = lambda w: transformed_gradient(ctx, self.transform, w, self.transform_lr(), batch_size)
         return sgd(ctx, w0, lr, steps, batch_size, correction, gradient=step)
 
     def personalize(self, ctx: ClientContext, payload: State, state: State) -> torch.Tensor:
