@@ -1,0 +1,156 @@
+"""Benchmark 1c - where an actor round's time goes on one core: CPU per round of every process.
+
+Benchmark 1's packed variant on one core (FedAvg, Synthetic(0.5, 0.5), 20 clients in one ClientActor,
+MLP 60-20-10, τ = 10, r = 0.5, evaluation every 10 rounds), run for ``--rounds`` rounds. With one core
+every process's CPU time is wall time the round waits for, so the CPU seconds each process spends during
+rounds 1..R (psutil, per process), divided by R, add up to the wall time of a round:
+
+  ClientActor   the clients' arithmetic, plus receiving the call and sending the replies
+  ServerActor   sampling, aggregation, the call to the ClientActor, the reply to the driver
+  driver        ExperimentRunner sending the next round and reading the metrics
+  Ray daemons   raylet, GCS, log monitor, dashboard and agents: what a running Ray node costs anyway
+
+``local`` is the same rounds in one process without Ray (the denominator of benchmark 1's overhead),
+``call`` one bare actor-to-actor call on one core (a 6 KB argument, ten 6 KB arrays back), the unit a
+round pays twice (driver → ServerActor → ClientActor).
+
+    python benchmarks/round_cost.py --rounds 300 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks._harness import median, ratios, repeat
+
+ROLES = ("ClientActor", "ServerActor", "driver", "Ray daemons")
+
+
+def _role(proc) -> str:
+    title = " ".join(proc.cmdline())
+    for actor in ("ClientActor", "ServerActor"):
+        if f"ray::{actor}" in title:
+            return actor
+    return "Ray daemons"
+
+
+def worker_actors(args) -> dict:
+    import psutil
+    import ray
+
+    from benchmarks.overhead import config
+    from fedsweep.experiment import ExperimentRunner
+
+    cfg = config(argparse.Namespace(clients=20, rounds=args.rounds, hidden=[20]), 1, 20)
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    runner = ExperimentRunner(cfg)
+    try:
+        runner.start()
+        rounds = runner.rounds(pipelined=True)  # as fedsweep.experiment.execute drives them
+        next(rounds)  # round 0: evaluation of the initial model, outside the timed rounds
+        me = psutil.Process()
+        procs = {p: _role(p) for p in me.children(recursive=True)} | {me: "driver"}
+        cpu0 = {p: sum(p.cpu_times()[:2]) for p in procs}
+        t0 = time.perf_counter()
+        for _ in rounds:
+            pass
+        wall = time.perf_counter() - t0
+        cpu = dict.fromkeys(ROLES, 0.0)
+        for p, role in procs.items():
+            try:
+                cpu[role] += sum(p.cpu_times()[:2]) - cpu0[p]
+            except psutil.NoSuchProcess:  # a short-lived helper that has exited
+                pass
+    finally:
+        runner.stop()
+        ray.shutdown()
+    return {"round_ms": wall / args.rounds * 1000, **{f"{r} ms": c / args.rounds * 1000 for r, c in cpu.items()}}
+
+
+def worker_local(args) -> dict:
+    from benchmarks.overhead import worker_local as run
+
+    r = run(argparse.Namespace(clients=20, rounds=args.rounds, hidden=[20], clients_per_actor=20, vectorize=False))
+    return {"round_ms": r["rounds_s"] / args.rounds * 1000}
+
+
+def worker_call(args) -> dict:
+    import numpy as np
+    import psutil
+    import ray
+
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+
+    @ray.remote(num_cpus=0)
+    class Callee:
+        def f(self, payload, ids):
+            return [np.zeros(1450, np.float32) for _ in ids]
+
+        def pid(self):
+            return os.getpid()
+
+    @ray.remote(num_cpus=0)
+    class Caller:
+        def __init__(self, callee):
+            self.callee = callee
+
+        def calls(self, n, payload):
+            for _ in range(n):
+                ray.get(self.callee.f.remote(payload, list(range(10))))
+
+        def pid(self):
+            return os.getpid()
+
+    callee = Callee.remote()
+    caller = Caller.remote(callee)
+    procs = [psutil.Process(ray.get(a.pid.remote())) for a in (caller, callee)]
+    payload = {"params": np.zeros(1450, np.float32)}
+    ray.get(caller.calls.remote(20, payload))
+    n = args.rounds * 5
+    cpu0 = [sum(p.cpu_times()[:2]) for p in procs]
+    t0 = time.perf_counter()
+    ray.get(caller.calls.remote(n, payload))
+    wall = time.perf_counter() - t0
+    cpu = [(sum(p.cpu_times()[:2]) - c) / n * 1000 for p, c in zip(procs, cpu0)]
+    ray.shutdown()
+    return {"round_ms": wall / n * 1000, "caller ms": cpu[0], "callee ms": cpu[1]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--worker", choices=["local", "actors", "call"])
+    ap.add_argument("--rounds", type=int, default=300)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    if args.worker:
+        print(json.dumps({"local": worker_local, "actors": worker_actors, "call": worker_call}[args.worker](args)))
+        return 0
+
+    common = ["--rounds", str(args.rounds)]
+    variants = {name: ("0", [name, *common]) for name in ("local", "actors", "call")}
+    print(f"packed FedAvg round on one core, {args.rounds} rounds; {args.repeats} repetitions, interleaved", flush=True)
+    res = repeat(__file__, variants, args.repeats)
+    print("\nper round, ms (median over repetitions):")
+    print(f"  in-process loop, no Ray          {median(res['local'], 'round_ms'):7.2f}")
+    print(f"  actors, wall                     {median(res['actors'], 'round_ms'):7.2f}")
+    for role in ROLES:
+        print(f"    CPU of {role:25s} {median(res['actors'], f'{role} ms'):7.2f}")
+    print(f"  one bare actor call, wall        {median(res['call'], 'round_ms'):7.2f}  "
+          f"(CPU: caller {median(res['call'], 'caller ms'):.2f}, callee {median(res['call'], 'callee ms'):.2f})")
+    r, rs = ratios(res, "actors", "local", "round_ms")
+    print(f"\noverhead on 1 CPU, actors / local: {r:.3f} {[round(x, 3) for x in rs]}")
+    extra = statistics.median(a["ClientActor ms"] - b["round_ms"] for a, b in zip(res["actors"], res["local"]))
+    print(f"ClientActor CPU minus the in-process round (paired, median): {extra:+.2f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
