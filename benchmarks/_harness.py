@@ -7,6 +7,7 @@ Variants are interleaved repetition by repetition, so that drift on a noisy mach
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -39,10 +40,11 @@ def repeat(script: str, variants: dict[str, tuple], repeats: int) -> dict[str, l
     return results
 
 
-def timed_actor_run(cfg, num_cpus: int) -> tuple[float, float, dict, object]:
+def timed_actor_run(cfg, num_cpus: int, around_rounds=contextlib.nullcontext) -> tuple[float, float, dict, object]:
     """Start Ray with ``num_cpus`` and run ``cfg`` on fedsweep's actors: (seconds of rounds 1..R, seconds
     since the call, the last round's metrics, the final global vector). Round 0 (evaluation of the initial
-    model) is outside the timed rounds."""
+    model) is outside the timed rounds; ``around_rounds()`` is a context entered around rounds 1..R, when
+    every actor is up (e.g. to read the processes' CPU times)."""
     import time
 
     import ray
@@ -56,10 +58,11 @@ def timed_actor_run(cfg, num_cpus: int) -> tuple[float, float, dict, object]:
         runner.start()
         rounds = runner.rounds(pipelined=True)  # as fedsweep.experiment.execute drives them
         next(rounds)
-        t1 = time.perf_counter()
-        for last in rounds:
-            pass
-        t2 = time.perf_counter()
+        with around_rounds():
+            t1 = time.perf_counter()
+            for last in rounds:
+                pass
+            t2 = time.perf_counter()
         params = ray.get(runner.server.global_params.remote())
     finally:
         runner.stop()

@@ -20,6 +20,7 @@ round pays twice (driver → ServerActor → ClientActor).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -29,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._harness import median, ratios, repeat
+from benchmarks._harness import median, ratios, repeat, timed_actor_run
 
 ROLES = ("ClientActor", "ServerActor", "driver", "Ray daemons")
 
@@ -42,37 +43,29 @@ def _role(proc) -> str:
     return "Ray daemons"
 
 
-def worker_actors(args) -> dict:
+@contextlib.contextmanager
+def cpu_by_role(cpu: dict[str, float]):
+    """Add to ``cpu[role]`` the CPU seconds this process and every process it started spend inside the block."""
     import psutil
-    import ray
 
+    me = psutil.Process()
+    procs = {p: _role(p) for p in me.children(recursive=True)} | {me: "driver"}
+    before = {p: sum(p.cpu_times()[:2]) for p in procs}
+    yield
+    for p, role in procs.items():
+        try:
+            cpu[role] += sum(p.cpu_times()[:2]) - before[p]
+        except psutil.NoSuchProcess:  # a short-lived helper that has exited
+            pass
+
+
+def worker_actors(args) -> dict:
     from benchmarks.overhead import config
-    from fedsweep.experiment import ExperimentRunner
 
     cfg = config(argparse.Namespace(clients=20, rounds=args.rounds, hidden=[20]), 1, 20)
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
-    runner = ExperimentRunner(cfg)
-    try:
-        runner.start()
-        rounds = runner.rounds(pipelined=True)  # as fedsweep.experiment.execute drives them
-        next(rounds)  # round 0: evaluation of the initial model, outside the timed rounds
-        me = psutil.Process()
-        procs = {p: _role(p) for p in me.children(recursive=True)} | {me: "driver"}
-        cpu0 = {p: sum(p.cpu_times()[:2]) for p in procs}
-        t0 = time.perf_counter()
-        for _ in rounds:
-            pass
-        wall = time.perf_counter() - t0
-        cpu = dict.fromkeys(ROLES, 0.0)
-        for p, role in procs.items():
-            try:
-                cpu[role] += sum(p.cpu_times()[:2]) - cpu0[p]
-            except psutil.NoSuchProcess:  # a short-lived helper that has exited
-                pass
-    finally:
-        runner.stop()
-        ray.shutdown()
-    return {"round_ms": wall / args.rounds * 1000, **{f"{r} ms": c / args.rounds * 1000 for r, c in cpu.items()}}
+    cpu = dict.fromkeys(ROLES, 0.0)
+    rounds_s, *_ = timed_actor_run(cfg, 1, around_rounds=lambda: cpu_by_role(cpu))
+    return {"round_ms": rounds_s / args.rounds * 1000, **{f"{r} ms": c / args.rounds * 1000 for r, c in cpu.items()}}
 
 
 def worker_local(args) -> dict:
