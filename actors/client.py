@@ -1,5 +1,6 @@
 """ClientActor: a Ray actor hosting one client (or ``clients_per_actor`` packed clients), each with its shard,
-its state across rounds and its model, on the actor's device."""
+its state across rounds and its model, on the actor's device; or, as a worker of a pool
+(``resources.client_workers``), every client's shard, training the clients it is sent from the states sent."""
 
 from __future__ import annotations
 
@@ -11,7 +12,15 @@ import torch
 from fedsweep.algorithms.base import ClientData, ClientMessage
 from fedsweep.config import ExperimentConfig
 from fedsweep.evaluation import ClientEval
-from fedsweep.federation import COMPUTE_THREADS, Client, ClientSnapshot, Payload, train_clients
+from fedsweep.federation import (
+    COMPUTE_THREADS,
+    Client,
+    ClientSnapshot,
+    Payload,
+    evaluate_from_snapshots,
+    train_clients,
+    train_from_snapshots,
+)
 
 #: The calls made every round (ServerActor.step, ClientActor.train and evaluate) report no task events to
 #: Ray's dashboard and state API (``ray list tasks``, ``ray timeline``): Ray documents these events as a
@@ -66,6 +75,19 @@ class ClientActor:
         self._check(experiment)
         return [c.evaluate(payload, rnd) for c in self.clients.values()]
 
+    @ray.method(**ROUND_CALL)
+    def train_states(self, payload: Payload, rnd: int, snapshots: dict[int, ClientSnapshot],
+                     experiment: int) -> tuple[list[ClientMessage], dict[int, ClientSnapshot]]:
+        """A worker of a pool (``resources.client_workers``): train these clients from the states sent."""
+        self._check(experiment)
+        return train_from_snapshots(self.clients, snapshots, payload, rnd)
+
+    @ray.method(**ROUND_CALL)
+    def evaluate_states(self, payload: Payload, rnd: int, snapshots: dict[int, ClientSnapshot],
+                        experiment: int) -> list[ClientEval]:
+        self._check(experiment)
+        return evaluate_from_snapshots(self.clients, snapshots, payload, rnd)
+
     def get_states(self, client_ids: list[int], experiment: int) -> list[Payload | None]:
         self._check(experiment)
         return [self.clients[i].get_state() for i in client_ids]
@@ -84,10 +106,14 @@ class ClientActor:
             self.clients[i].load(snap)
 
     def info(self) -> list[dict]:
-        """Where each hosted client runs: pid, torch device, the GPUs Ray assigned and CUDA_VISIBLE_DEVICES."""
-        common = {
-            "pid": os.getpid(),
-            "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
-            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-        }
-        return [{"client_id": i, "device": str(c.device), **common} for i, c in self.clients.items()]
+        return hosted_info(self.clients)
+
+
+def hosted_info(clients: dict[int, Client]) -> list[dict]:
+    """Where each client of this process runs: pid, torch device, the GPUs Ray assigned and CUDA_VISIBLE_DEVICES."""
+    common = {
+        "pid": os.getpid(),
+        "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    }
+    return [{"client_id": i, "device": str(c.device), **common} for i, c in clients.items()]

@@ -1,20 +1,30 @@
 """ServerActor: builds the federated dataset, gives the ClientActors (one per client, or ``clients_per_actor``
 clients each, in the trial's placement group) their shards, and runs rounds: sample ⌈r·n⌉ clients, one broadcast
-(inside the calls when small, else one ``ray.put``), aggregate, evaluate on the cadence."""
+(inside the calls when small, else one ``ray.put``), aggregate, evaluate on the cadence. With a worker pool
+(``resources.client_workers``) it trains a share of each round's clients itself."""
 
 from __future__ import annotations
 
+import numpy as np
 import ray
 import torch
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from actors.client import ROUND_CALL, ClientActor, StaleClientActor
+from actors.client import ROUND_CALL, ClientActor, StaleClientActor, hosted_info
 from fedsweep.algorithms.base import ClientMessage
 from fedsweep.config import ExperimentConfig
 from fedsweep.data import build_federated_dataset
 from fedsweep.evaluation import ClientEval
-from fedsweep.federation import COMPUTE_THREADS, ClientSnapshot, Payload, Server
+from fedsweep.federation import (
+    COMPUTE_THREADS,
+    Client,
+    ClientSnapshot,
+    Payload,
+    Server,
+    evaluate_from_snapshots,
+    train_from_snapshots,
+)
 
 #: Payloads up to this size ride inside each call, as Ray inlines small arguments (its
 #: ``max_direct_call_object_size``, 100 KiB); larger ones are put in the object store once per round.
@@ -130,6 +140,72 @@ class RayPool:
         return [by_client[c] for c in client_ids]
 
 
+class WorkerPool(RayPool):
+    """The client pool of a worker pool (``resources.client_workers`` = W): the ServerActor's own clients
+    (``local``) and W - 1 ClientActors, each holding every client's shard.
+
+    A round's clients, in id order, are split into W contiguous parts whose sizes differ by at most one;
+    the ClientActors get the larger parts (the ServerActor also aggregates), and their calls are sent
+    before the ServerActor trains its own part. The client states live here, between rounds and in
+    checkpoints, and travel with the calls, so a ClientActor that dies loses none: its clients are
+    missing from that round's replies (their states unchanged), and a restarted one is reset to every
+    shard before its next call. Replies are returned in client-id order: the same numbers as any packing.
+    """
+
+    def __init__(self, local: dict[int, Client], actors: list, setups: list[tuple], experiment: int = 0,
+                 timeout_s: float | None = None):
+        super().__init__(actors, [list(local)] * len(actors), setups, experiment, timeout_s)
+        self.local = local
+        self.held: dict[int, ClientSnapshot] = {c: (None, 0) for c in local}  # every client's state
+
+    def _parts(self, client_ids: list[int]) -> tuple[list[list[int]], list[int]]:
+        """(the part of each ClientActor, the ServerActor's part)."""
+        parts = [[int(c) for c in p] for p in np.array_split(np.asarray(client_ids, dtype=np.int64), len(self.actors) + 1)]
+        return parts[:-1], parts[-1]
+
+    def _held(self, client_ids: list[int]) -> dict[int, ClientSnapshot]:
+        return {c: self.held[c] for c in client_ids}
+
+    def train(self, client_ids: list[int], payload: Payload, rnd: int) -> list[ClientMessage]:
+        remote, mine = self._parts(client_ids)
+        ref = self.broadcast(payload)
+        self._recover(range(len(self.actors)))
+        calls = {a: self.actors[a].train_states.remote(ref, rnd, self._held(ids), self.experiment)
+                 for a, ids in enumerate(remote) if ids}
+        messages, states = train_from_snapshots(self.local, self._held(mine), payload, rnd)
+        for msgs, sts in self._gather(calls).values():
+            messages += msgs
+            states.update(sts)
+        self.held.update(states)
+        by_client = {m.client_id: m for m in messages}
+        return [by_client[c] for c in client_ids if c in by_client]
+
+    def evaluate(self, payload: Payload, rnd: int) -> list[ClientEval]:
+        remote, mine = self._parts(sorted(self.local))
+        ref = self.broadcast(payload)
+        self._recover(range(len(self.actors)))
+
+        def call(a: int) -> ray.ObjectRef:
+            return self.actors[a].evaluate_states.remote(ref, rnd, self._held(remote[a]), self.experiment)
+
+        calls = {a: call(a) for a, ids in enumerate(remote) if ids}
+        evals = evaluate_from_snapshots(self.local, self._held(mine), payload, rnd)
+        replies = self._gather(calls)
+        missing = [a for a in calls if a not in replies]  # asked once more, as RayPool.evaluate does
+        self._recover(missing)
+        replies.update(self._gather({a: call(a) for a in missing}))
+        return evals + [e for a in sorted(replies) for e in replies[a]]
+
+    def snapshot(self) -> dict[int, ClientSnapshot]:
+        return dict(self.held)
+
+    def load(self, snapshots: dict[int, ClientSnapshot]) -> None:
+        self.held = {c: (None, 0) for c in self.local} | dict(snapshots)
+
+    def states(self, client_ids: list[int]) -> list:
+        return [self.held[c][0] for c in client_ids]
+
+
 def start_client_actors(cfg: ExperimentConfig, placement_group: PlacementGroup | None, first_bundle: int = 1) -> list:
     """One empty ClientActor per ``clients_per_actor`` clients, ClientActor a in bundle ``first_bundle + a``.
     Started by the driver at the same time as the ServerActor, so that the processes start (each
@@ -163,7 +239,10 @@ class ServerActor:
         self.reset(cfg)
 
     def _put_shards(self, dataset) -> list[ray.ObjectRef]:
-        """One object per ClientActor: the shards of the clients it hosts."""
+        """One object per ClientActor: the shards of the clients it hosts (with a worker pool, one object
+        of every shard, shared by all)."""
+        if self.cfg.resources.client_workers:
+            return [ray.put(dict(enumerate(dataset.clients)))] * len(self.hosts)
         return [ray.put({i: dataset.clients[i] for i in ids}) for ids in self.hosts]
 
     def reset(self, cfg: ExperimentConfig) -> None:
@@ -177,12 +256,19 @@ class ServerActor:
         # The arguments of ClientActor.reset per actor (they hold this experiment's shards), kept by the pool
         # for restarted actors.
         setups = [(ref, cfg, dataset.num_features, dataset.num_classes, self.experiment) for ref in self._put_shards(dataset)]
-        self.pool = RayPool(self.actors, self.hosts, setups, self.experiment, cfg.resources.round_timeout_s)
+        timeout_s = cfg.resources.round_timeout_s
+        if cfg.resources.client_workers:
+            local = {i: Client(i, d, cfg, dataset.num_features, dataset.num_classes) for i, d in enumerate(dataset.clients)}
+            self.pool = WorkerPool(local, self.actors, setups, self.experiment, timeout_s)
+        else:
+            self.pool = RayPool(self.actors, self.hosts, setups, self.experiment, timeout_s)
         ray.get([a.reset.remote(*setup) for a, setup in zip(self.actors, setups)])
 
     def clients_info(self) -> list[dict]:
-        """Blocks until every client actor is constructed."""
-        return [i for infos in ray.get([a.info.remote() for a in self.actors]) for i in infos]
+        """Where the clients run (with a worker pool: every worker's row for every client, this actor's first);
+        blocks until every client actor is constructed."""
+        own = hosted_info(self.pool.local) if isinstance(self.pool, WorkerPool) else []
+        return own + [i for infos in ray.get([a.info.remote() for a in self.actors]) for i in infos]
 
     @ray.method(**ROUND_CALL)
     def step(self, rnd: int) -> dict[str, float] | None:

@@ -10,12 +10,16 @@ evaluation every 10 rounds. Variants, each in a fresh process pinned with taskse
 each with one client per actor (k=1, the default: 20 ClientActors) and packed, one ClientActor per CPU
 (k=20 on 1 CPU, k=10 on 2), and packed with ``resources.vectorize_clients`` (``/vec``: the clients an
 actor trains in a round form one stacked computation); ``local/vec/k=K`` is the in-process loop stacking
-the same groups of K clients.
+the same groups of K clients. ``pool-1`` and ``pool-2`` are worker pools (``resources.client_workers`` = CPUs):
+on 1 CPU the ServerActor trains every client itself, on 2 it and one ClientActor split each round's clients
+evenly, the ServerActor keeping the client states. ``local×2`` is the machine's own ceiling for any
+2-CPU speedup: two copies of ``local`` at the same time, one per core (the time of the slower one).
 Printed: medians over the repetitions of the rounds' wall time (rounds 1..R, start-up excluded)
 and of the whole run (Ray start, actor start, rounds), and the paired ratios
 
   overhead on 1 CPU   = wall(actors-1) / wall(local)      (vectorized: actors-1/vec / local/vec, same arithmetic)
   parallel speedup    = wall(actors-1) / wall(actors-2)   and   wall(local) / wall(actors-2)
+  ceiling             = 2 × wall(local) / wall(local×2)   (1 CPU's work done twice on 2 CPUs: ideal 2)
 
 The final metrics of the one-by-one variants must be identical (same seed, same arithmetic), and so must
 those of the vectorized ones among themselves: checked and printed.
@@ -33,13 +37,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._harness import median, print_ratios, repeat, timed_actor_run
+from benchmarks._harness import median, print_ratios, ratios, repeat, timed_actor_run
 
 
-def config(args, cpus: float = 1.0, clients_per_actor: int = 1, vectorize: bool = False):
+def config(args, cpus: float = 1.0, clients_per_actor: int = 1, vectorize: bool = False, client_workers: int = 0):
     from fedsweep.config import validate
 
-    actors = -(-args.clients // clients_per_actor)
+    actors = client_workers or -(-args.clients // clients_per_actor)
     server_cpus = 0.2
     return validate(
         {
@@ -53,7 +57,8 @@ def config(args, cpus: float = 1.0, clients_per_actor: int = 1, vectorize: bool 
             "rounds": args.rounds,
             "eval_every": 10,
             "resources": {"server_cpus": server_cpus, "client_cpus": round((cpus - server_cpus) / actors, 4),
-                          "clients_per_actor": clients_per_actor, "vectorize_clients": vectorize},
+                          "clients_per_actor": clients_per_actor, "vectorize_clients": vectorize,
+                          "client_workers": client_workers},
         },
         "overhead",
     )
@@ -75,25 +80,42 @@ def worker_local(args) -> dict:
             "params_sum": float(server.params.double().sum())}
 
 
+def worker_local_pair(args) -> dict:
+    """Two ``local`` workers at once, pinned to cores 0 and 1: what two independent processes get of the machine."""
+    import subprocess
+
+    argv = [a for a in sys.argv[1:] if a not in ("--worker", "local×2")]
+    procs = [subprocess.Popen(["taskset", "-c", core, sys.executable, __file__, "--worker", "local", *argv],
+                              stdout=subprocess.PIPE, text=True) for core in ("0", "1")]
+    runs = [json.loads(p.communicate()[0].splitlines()[-1]) for p in procs]
+    if any(p.returncode for p in procs):
+        raise RuntimeError("a local worker failed")
+    slower = max(runs, key=lambda r: r["rounds_s"])
+    return {**slower, "total_s": max(r["total_s"] for r in runs)}
+
+
 def worker_actors(args) -> dict:
-    rounds_s, total_s, last, params = timed_actor_run(config(args, args.cpus, args.clients_per_actor, args.vectorize), args.cpus)
+    cfg = config(args, args.cpus, args.clients_per_actor, args.vectorize, args.client_workers)
+    rounds_s, total_s, last, params = timed_actor_run(cfg, args.cpus)
     return {"rounds_s": rounds_s, "total_s": total_s, "final": last["personalized_accuracy_mean"],
             "params_sum": float(params.astype("float64").sum())}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--worker", choices=["local", "actors"])
+    ap.add_argument("--worker", choices=["local", "local×2", "actors"])
     ap.add_argument("--clients", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=50)
     ap.add_argument("--hidden", type=int, nargs="+", default=[20])
     ap.add_argument("--cpus", type=int, default=1)
     ap.add_argument("--clients-per-actor", type=int, default=1)
     ap.add_argument("--vectorize", action="store_true", help="resources.vectorize_clients")
+    ap.add_argument("--client-workers", type=int, default=0, help="resources.client_workers")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--variants", nargs="+", help="run only these variants (names as printed); default: all")
     args = ap.parse_args()
     if args.worker:
-        print(json.dumps((worker_local if args.worker == "local" else worker_actors)(args)))
+        print(json.dumps({"local": worker_local, "local×2": worker_local_pair, "actors": worker_actors}[args.worker](args)))
         return 0
 
     common = ["--clients", str(args.clients), "--rounds", str(args.rounds), "--hidden", *map(str, args.hidden)]
@@ -102,12 +124,19 @@ def main() -> int:
     variants = {"local": ("0", ["local", *common])}
     for k in sorted(set(per_cpu.values()), reverse=True):  # the in-process loop stacking the same groups
         variants[f"local/vec/k={k}"] = ("0", ["local", *common, "--clients-per-actor", str(k), "--vectorize"])
+    variants["local×2"] = ("0,1", ["local×2", *common])
     for cpus in (1, 2):
         actors = ["actors", *common, "--cpus", str(cpus)]
         variants[f"actors-{cpus}/k=1"] = (cores[cpus], [*actors, "--clients-per-actor", "1"])
         variants[f"actors-{cpus}/k={per_cpu[cpus]}"] = (cores[cpus], [*actors, "--clients-per-actor", str(per_cpu[cpus])])
         variants[f"actors-{cpus}/k={per_cpu[cpus]}/vec"] = (
             cores[cpus], [*actors, "--clients-per-actor", str(per_cpu[cpus]), "--vectorize"])
+        variants[f"pool-{cpus}"] = (cores[cpus], [*actors, "--client-workers", str(cpus)])
+    if args.variants:
+        unknown = set(args.variants) - set(variants)
+        if unknown:
+            ap.error(f"--variants: unknown {sorted(unknown)}; allowed: {list(variants)}")
+        variants = {n: v for n, v in variants.items() if n in args.variants}
     print(f"FedAvg, Synthetic(0.5,0.5), {args.clients} clients, MLP{args.hidden}, τ=10, r=0.5, {args.rounds} rounds; "
           f"{args.repeats} repetitions, interleaved", flush=True)
     res = repeat(__file__, variants, args.repeats)
@@ -117,6 +146,8 @@ def main() -> int:
     for k in sorted(set(per_cpu.values()), reverse=True):
         groups[f"vectorized, groups of {k}"] = [n for n in res if "vec" in n and f"k={k}" in n.split("/")]
     for label, names in groups.items():
+        if not names:
+            continue
         finals = {(r["final"], r["params_sum"]) for n in names for r in res[n]}
         print(f"\nidentical final metrics and parameters, {label} ({', '.join(names)}): {len(finals) == 1} {sorted(finals)[:3]}")
     print("\nmedian wall time (s):        rounds only   whole run")
@@ -133,8 +164,14 @@ def main() -> int:
         ("vec: overhead on 1 CPU, actors-1/vec / local/vec", f"actors-1/k={k1}/vec", f"local/vec/k={k1}"),
         ("vec: parallel speedup, actors-1/vec / actors-2/vec", f"actors-1/k={k1}/vec", f"actors-2/k={k2}/vec"),
         ("vec: speedup over local, local / actors-2/vec", "local", f"actors-2/k={k2}/vec"),
+        ("pool: overhead on 1 CPU, pool-1 / local", "pool-1", "local"),
+        ("pool: parallel speedup, pool-1 / pool-2", "pool-1", "pool-2"),
+        ("pool: speedup over local, local / pool-2", "local", "pool-2"),
     ]
-    print_ratios(res, rows, width=52)
+    print_ratios(res, [row for row in rows if row[1] in res and row[2] in res], width=52)
+    if "local" in res and "local×2" in res:
+        c, cs = ratios(res, "local", "local×2", "rounds_s")
+        print(f"  {'ceiling: 2 × local / local×2 (two loops at once)':52s} {2 * c:6.3f} {[round(2 * x, 3) for x in cs]}")
     return 0
 
 

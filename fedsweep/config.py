@@ -61,6 +61,16 @@ class ResourcesConfig(StrictModel):
         description="Clients hosted by one ClientActor (their shards, states and models share the process); "
         "1 = one actor per client. Packing trades parallelism for memory and start-up time.",
     )
+    client_workers: int = Field(
+        0,
+        ge=0,
+        description="0 = every client lives in its ClientActor (clients_per_actor per actor), its state kept there. "
+        "W >= 1 = a pool of W worker processes, the ServerActor and W - 1 ClientActors, each holding every "
+        "client's shard: each round's sampled clients are split evenly across them, and the ServerActor keeps "
+        "the client states between rounds and sends them with each call. W = 1 trains every client inside the "
+        "ServerActor (no per-round call to another actor). The ServerActor's bundle then holds "
+        "server_cpus + client_cpus. Same numbers as 0 (clients one by one).",
+    )
     vectorize_clients: bool = Field(
         False,
         description="Train the clients packed in one actor as one batched computation (torch.func.vmap over "
@@ -95,26 +105,45 @@ class ResourcesConfig(StrictModel):
     def _nonempty(self):
         if self.client_cpus == 0 and self.client_gpus == 0:
             raise ValueError("client_cpus and client_gpus are both 0: a client bundle needs some resource")
+        if self.client_workers and self.clients_per_actor != 1:
+            raise ValueError(
+                f"client_workers={self.client_workers} with clients_per_actor={self.clients_per_actor}: every worker "
+                "holds every client; allowed: clients_per_actor 1 (the default) with client_workers >= 1, or client_workers 0"
+            )
+        if self.client_workers and self.client_gpus:
+            raise ValueError(
+                f"client_workers={self.client_workers} with client_gpus={self.client_gpus:g}: the worker pool runs on "
+                "CPUs only; allowed: client_gpus 0 with client_workers >= 1, or client_workers 0"
+            )
         return self
 
     def address(self) -> str | None:
         return self.ray_address or os.environ.get("RAY_ADDRESS") or None
 
     def num_client_actors(self, num_clients: int) -> int:
-        """⌈n / clients_per_actor⌉ ClientActors host the n clients."""
+        """⌈n / clients_per_actor⌉ ClientActors host the n clients; with a worker pool, client_workers - 1."""
+        if self.client_workers:
+            return self.client_workers - 1
         return -(-num_clients // self.clients_per_actor)
 
     def clients_of_actor(self, actor: int, num_clients: int) -> list[int]:
-        """Client ids hosted by ClientActor ``actor``: a contiguous block of ``clients_per_actor``."""
+        """Client ids hosted by ClientActor ``actor``: a contiguous block of ``clients_per_actor``; every
+        client with a worker pool."""
+        if self.client_workers:
+            return list(range(num_clients))
         k = self.clients_per_actor
         return list(range(actor * k, min((actor + 1) * k, num_clients)))
 
+    def server_cpus_total(self) -> float:
+        """CPUs of the server bundle: server_cpus, plus one worker's client_cpus when the ServerActor trains clients."""
+        return self.server_cpus + (self.client_cpus if self.client_workers else 0.0)
+
     def bundles(self, num_clients: int) -> list[dict[str, float]]:
-        """Placement-group bundles of one trial: [server] + [client actor] × ⌈n / clients_per_actor⌉."""
+        """Placement-group bundles of one trial: [server] + [client actor] × :meth:`num_client_actors`."""
         client = {"CPU": self.client_cpus}
         if self.client_gpus:
             client["GPU"] = self.client_gpus
-        return [{"CPU": self.server_cpus}] + [dict(client) for _ in range(self.num_client_actors(num_clients))]
+        return [{"CPU": self.server_cpus_total()}] + [dict(client) for _ in range(self.num_client_actors(num_clients))]
 
 
 class TrackingConfig(StrictModel):
@@ -156,6 +185,11 @@ class ExperimentConfig(StrictModel):
             )
         if self.model.name == "cnn":
             build_model(self.model, input_features(self.data), 10)  # raises if the inputs are not images it can take
+        if self.resources.client_workers > n:
+            raise ValueError(
+                f"resources.client_workers={self.resources.client_workers} is more workers than clients "
+                f"(data.num_clients={n}); allowed: 0..{n}"
+            )
         if hp.clients_per_round is not None and hp.clients_per_round > n:
             raise ValueError(
                 f"algorithm.clients_per_round={hp.clients_per_round} samples more clients than exist "
@@ -457,14 +491,17 @@ def check_fits(cfg: ExperimentConfig, cluster_cpus: float, cluster_gpus: float, 
     need_cpus = sum(b.get("CPU", 0) for b in bundles)
     need_gpus = sum(b.get("GPU", 0) for b in bundles)
     r = cfg.resources
-    a = len(bundles) - 1
-    actors = f"{a} client actors" if r.clients_per_actor == 1 else f"{a} client actors ({r.clients_per_actor} clients each)"
+    a = r.client_workers or len(bundles) - 1  # holders of client_cpus (a worker pool's first is the ServerActor)
+    if r.client_workers:
+        actors, fewer = f"{a} client workers", "or fewer client_workers"
+    else:
+        actors = f"{a} client actors" if r.clients_per_actor == 1 else f"{a} client actors ({r.clients_per_actor} clients each)"
+        fewer = "or fewer clients, or a larger clients_per_actor"
     if need_cpus > cluster_cpus + 1e-9:
         problems.append(
             f"{where}: resources: one trial needs server_cpus + {actors} × client_cpus = "
             f"{r.server_cpus:g} + {a} × {r.client_cpus:g} = {need_cpus:g} CPUs, but the cluster has {cluster_cpus:g}; "
-            f"allowed: client_cpus <= {max(cluster_cpus - r.server_cpus, 0) / a:.4g} "
-            f"(or fewer clients, or a larger clients_per_actor)"
+            f"allowed: client_cpus <= {max(cluster_cpus - r.server_cpus, 0) / a:.4g} ({fewer})"
         )
     if need_gpus > cluster_gpus + 1e-9:
         problems.append(
@@ -472,16 +509,18 @@ def check_fits(cfg: ExperimentConfig, cluster_cpus: float, cluster_gpus: float, 
             f"but the cluster has {cluster_gpus:g}; allowed: client_gpus <= {cluster_gpus / a:.4g}"
         )
     if memory_mb is not None:
-        need_mb = (a + 2) * r.actor_memory_mb
+        processes = len(bundles) + 1  # the driver, the ServerActor and the ClientActors
+        need_mb = processes * r.actor_memory_mb
         if need_mb > memory_mb:
             fit = int(memory_mb // r.actor_memory_mb) - 2  # client actors that fit beside the driver and server
-            hint = (
-                f"allowed: resources.clients_per_actor >= {math.ceil(cfg.num_clients / fit)}"
-                if fit >= 1
-                else "not even one client actor fits"
-            )
+            if fit < 1:
+                hint = "not even one client actor fits"
+            elif r.client_workers:
+                hint = f"allowed: resources.client_workers <= {fit + 1}"
+            else:
+                hint = f"allowed: resources.clients_per_actor >= {math.ceil(cfg.num_clients / fit)}"
             problems.append(
-                f"{where}: resources.actor_memory_mb: one trial starts {a + 2} processes × {r.actor_memory_mb:g} MB "
+                f"{where}: resources.actor_memory_mb: one trial starts {processes} processes × {r.actor_memory_mb:g} MB "
                 f"= {need_mb:.0f} MB, more than this machine's {memory_mb:.0f} MB; {hint}"
             )
     return problems

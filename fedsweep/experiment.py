@@ -97,7 +97,7 @@ class ExperimentRunner:
 
     def _start_server(self) -> None:
         cfg = self.cfg
-        server_cpus = cfg.resources.server_cpus if self.own_pg else 0
+        server_cpus = cfg.resources.server_cpus_total() if self.own_pg else 0
         from actors.server import ServerActor, start_client_actors
 
         self.client_actors = start_client_actors(cfg, self.pg)  # the driver owns them: kept until stop()

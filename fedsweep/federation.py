@@ -139,6 +139,27 @@ def _train_stacked(clients: list[Client], payload: Payload, rnd: int) -> list[Cl
     return out
 
 
+def train_from_snapshots(clients: dict[int, Client], snapshots: dict[int, ClientSnapshot], payload: Payload,
+                         rnd: int) -> tuple[list[ClientMessage], dict[int, ClientSnapshot]]:
+    """A worker of a pool (``resources.client_workers``): train the clients named in ``snapshots`` from the
+    states given there, as :func:`train_clients`; returns the messages and the clients' new states."""
+    chosen = [clients[c] for c in snapshots]
+    for c in chosen:
+        c.load(snapshots[c.client_id])
+    messages = train_clients(chosen, payload, rnd)
+    return messages, {c.client_id: c.snapshot() for c in chosen}
+
+
+def evaluate_from_snapshots(clients: dict[int, Client], snapshots: dict[int, ClientSnapshot], payload: Payload,
+                            rnd: int) -> list[ClientEval]:
+    """A worker of a pool: evaluate the clients named in ``snapshots`` in the states given there."""
+    out = []
+    for c, snap in snapshots.items():
+        clients[c].load(snap)
+        out.append(clients[c].evaluate(payload, rnd))
+    return out
+
+
 class ClientPool(Protocol):
     """Where the clients live: in this process (:class:`LocalPool`) or in Ray actors."""
 

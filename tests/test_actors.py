@@ -234,17 +234,19 @@ def test_a_reset_server_runs_the_next_experiment_like_fresh_actors(ray_session):
     assert {i["pid"] for i in info} == pids
 
 
-def _kill_a_client_actor_between_calls(ray_session, runner) -> None:
-    """SIGKILL the ClientActor of client 0 while no call runs, and wait until Ray has restarted it."""
+def _kill_a_client_actor_between_calls(ray_session, runner, row: int = 0) -> None:
+    """SIGKILL the ClientActor of ``runner.clients_info[row]`` (client 0's by default) while no call runs,
+    and wait until Ray has restarted it."""
     import os
     import signal
 
-    victim = runner.clients_info[0]["pid"]
+    victim = runner.clients_info[row]["pid"]
     os.kill(victim, signal.SIGKILL)  # between calls: no call sees it die
     deadline = time.time() + 60
     while time.time() < deadline:  # until Ray has restarted it (a new process answers)
         try:
-            if ray_session.get(runner.server.clients_info.remote())[0]["pid"] != victim:
+            rows = ray_session.get(runner.server.clients_info.remote())  # a restarted actor has no rows (empty)
+            if len(rows) <= row or rows[row]["pid"] != victim:
                 return
         except ray_session.exceptions.RayError:  # down, or coming back
             pass
