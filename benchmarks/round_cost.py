@@ -12,7 +12,8 @@ rounds 1..R (psutil, per process), divided by R, add up to the wall time of a ro
 
 ``local`` is the same rounds in one process without Ray (the denominator of benchmark 1's overhead),
 ``call`` one bare actor-to-actor call on one core (a 6 KB argument, ten 6 KB arrays back), the unit a
-round pays twice (driver → ServerActor → ClientActor).
+round pays twice (driver → ServerActor → ClientActor). ``pool`` is benchmark 1's ``pool-1``
+(``resources.client_workers: 1``): the ServerActor trains the clients itself, one call a round.
 
     python benchmarks/round_cost.py --rounds 300 --repeats 3
 """
@@ -59,10 +60,11 @@ def cpu_by_role(cpu: dict[str, float]):
             pass
 
 
-def worker_actors(args) -> dict:
+def worker_actors(args, client_workers: int = 0) -> dict:
     from benchmarks.overhead import config
 
-    cfg = config(argparse.Namespace(clients=20, rounds=args.rounds, hidden=[20]), 1, 20)
+    cfg = config(argparse.Namespace(clients=20, rounds=args.rounds, hidden=[20]), 1, 1 if client_workers else 20,
+                 client_workers=client_workers)
     cpu = dict.fromkeys(ROLES, 0.0)
     rounds_s, *_ = timed_actor_run(cfg, 1, around_rounds=lambda: cpu_by_role(cpu))
     return {"round_ms": rounds_s / args.rounds * 1000, **{f"{r} ms": c / args.rounds * 1000 for r, c in cpu.items()}}
@@ -119,29 +121,33 @@ def worker_call(args) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--worker", choices=["local", "actors", "call"])
+    ap.add_argument("--worker", choices=["local", "actors", "pool", "call"])
     ap.add_argument("--rounds", type=int, default=300)
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     if args.worker:
-        print(json.dumps({"local": worker_local, "actors": worker_actors, "call": worker_call}[args.worker](args)))
+        workers = {"local": worker_local, "actors": worker_actors, "pool": lambda a: worker_actors(a, 1), "call": worker_call}
+        print(json.dumps(workers[args.worker](args)))
         return 0
 
     common = ["--rounds", str(args.rounds)]
-    variants = {name: ("0", [name, *common]) for name in ("local", "actors", "call")}
+    variants = {name: ("0", [name, *common]) for name in ("local", "actors", "pool", "call")}
     print(f"packed FedAvg round on one core, {args.rounds} rounds; {args.repeats} repetitions, interleaved", flush=True)
     res = repeat(__file__, variants, args.repeats)
     print("\nper round, ms (median over repetitions):")
     print(f"  in-process loop, no Ray          {median(res['local'], 'round_ms'):7.2f}")
-    print(f"  actors, wall                     {median(res['actors'], 'round_ms'):7.2f}")
-    for role in ROLES:
-        print(f"    CPU of {role:25s} {median(res['actors'], f'{role} ms'):7.2f}")
+    for variant in ("actors", "pool"):
+        print(f"  {variant}, wall{' ' * (27 - len(variant))}{median(res[variant], 'round_ms'):7.2f}")
+        for role in ROLES:
+            print(f"    CPU of {role:25s} {median(res[variant], f'{role} ms'):7.2f}")
     print(f"  one bare actor call, wall        {median(res['call'], 'round_ms'):7.2f}  "
           f"(CPU: caller {median(res['call'], 'caller ms'):.2f}, callee {median(res['call'], 'callee ms'):.2f})")
-    r, rs = ratios(res, "actors", "local", "round_ms")
-    print(f"\noverhead on 1 CPU, actors / local: {r:.3f} {[round(x, 3) for x in rs]}")
-    extra = statistics.median(a["ClientActor ms"] - b["round_ms"] for a, b in zip(res["actors"], res["local"]))
-    print(f"ClientActor CPU minus the in-process round (paired, median): {extra:+.2f} ms")
+    print()
+    for variant, trainer in (("actors", "ClientActor"), ("pool", "ServerActor")):
+        r, rs = ratios(res, variant, "local", "round_ms")
+        extra = statistics.median(a[f"{trainer} ms"] - b["round_ms"] for a, b in zip(res[variant], res["local"]))
+        print(f"overhead on 1 CPU, {variant} / local: {r:.3f} {[round(x, 3) for x in rs]}; "
+              f"{trainer} CPU minus the in-process round (paired, median): {extra:+.2f} ms")
     return 0
 
 
