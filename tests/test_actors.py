@@ -294,3 +294,33 @@ def test_a_client_actor_restarted_in_its_first_experiment_gets_the_checkpointed_
     finally:
         runner.stop()
     assert sum(h["clients_restored"] for h in history) == 1  # client 0, one client per ClientActor
+
+
+@pytest.mark.parametrize("resources", [{"clients_per_actor": 2}, {"client_workers": 2}])
+def test_a_checkpoint_loaded_into_reset_actors_continues_with_the_same_numbers(ray_session, resources):
+    """What a resumed trial does: actors holding fresh states (reset, as a new trial's) load round 2's
+    checkpoint (SCAFFOLD: server and client control variates) and run rounds 3-4 with the numbers of a
+    run never stopped. Client states live in the ClientActors, or in the ServerActor's worker pool."""
+    cfg = validate(config_dict(
+        data={"num_clients": 4},
+        algorithm={"_replace": True, "name": "scaffold", "local_lr": 0.1, "local_steps": 2, "batch_size": 8,
+                   "participation_rate": 0.5},
+        resources=resources,
+        rounds=4, eval_every=2,
+    ))
+    runner = ExperimentRunner(cfg)
+    try:
+        runner.start()
+        rounds = runner.rounds()
+        next(rounds), next(rounds), next(rounds)  # rounds 0-2
+        checkpoint = runner.checkpoint(2)
+        ray_session.get(runner.server.reset.remote(cfg))  # fresh states in the same processes
+        start = runner.restore(checkpoint)
+        history = list(runner.rounds(start))
+        params = torch.tensor(ray_session.get(runner.server.global_params.remote()))
+    finally:
+        runner.stop()
+    assert sum(state is not None for state, _ in checkpoint["clients"].values()) >= 2  # sampled by round 2
+    local, server = run_local(cfg)
+    assert start == 3 and strip_time(history) == local[3:]
+    assert torch.equal(params, server.params)

@@ -56,7 +56,7 @@ def test_killed_sweep_resumes_without_rerunning_or_duplicating(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     body = config_dict(
         algorithm={"local_lr": {"grid": [0.1, 0.05, 0.02]}, "local_steps": 150}, rounds=6, eval_every=2,
-        resources={"cluster_cpus": 2}, tracking={"experiment": "resume", "tracking_uri": uri},
+        resources={"cluster_cpus": 2, "client_workers": 1}, tracking={"experiment": "resume", "tracking_uri": uri},
     )
     body["sweep"] = {"name": "r", "max_concurrent_trials": 2, "seeds": [0, 1], "checkpoint_every": 1,
                      "storage_path": str(tmp_path / "ray_results")}
