@@ -108,15 +108,24 @@ class RayPool:
         by_client = {m.client_id: m for msgs in replies.values() for m in msgs}
         return [by_client[c] for c in client_ids if c in by_client]
 
+    def _gather_asking_twice(self, calls: dict[int, ray.ObjectRef], call) -> dict[int, list]:
+        """:meth:`_gather` for calls that change no state (evaluation): an actor that failed its call is set
+        up again and asked once more with ``call(a)`` (a restarted actor answers this time); training is
+        never repeated within a round."""
+        replies = self._gather(calls)
+        missing = [a for a in calls if a not in replies]
+        self._recover(missing)
+        replies.update(self._gather({a: call(a) for a in missing}))
+        return replies
+
     def evaluate(self, payload: Payload, rnd: int) -> list[ClientEval]:
         ref = self.broadcast(payload)
         self._recover(range(len(self.actors)))
-        replies = self._gather({a: actor.evaluate.remote(ref, rnd, self.experiment) for a, actor in enumerate(self.actors)})
-        # Evaluation changes no state, so the actors that failed it are asked once more (a restarted
-        # actor answers this time); training is never repeated within a round.
-        missing = [a for a in range(len(self.actors)) if a not in replies]
-        self._recover(missing)
-        replies.update(self._gather({a: self.actors[a].evaluate.remote(ref, rnd, self.experiment) for a in missing}))
+
+        def call(a: int) -> ray.ObjectRef:
+            return self.actors[a].evaluate.remote(ref, rnd, self.experiment)
+
+        replies = self._gather_asking_twice({a: call(a) for a in range(len(self.actors))}, call)
         return [e for a in sorted(replies) for e in replies[a]]
 
     def take_restored(self) -> int:
@@ -190,10 +199,7 @@ class WorkerPool(RayPool):
 
         calls = {a: call(a) for a, ids in enumerate(remote) if ids}
         evals = evaluate_from_snapshots(self.local, self._held(mine), payload, rnd)
-        replies = self._gather(calls)
-        missing = [a for a in calls if a not in replies]  # asked once more, as RayPool.evaluate does
-        self._recover(missing)
-        replies.update(self._gather({a: call(a) for a in missing}))
+        replies = self._gather_asking_twice(calls, call)
         return evals + [e for a in sorted(replies) for e in replies[a]]
 
     def snapshot(self) -> dict[int, ClientSnapshot]:
