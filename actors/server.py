@@ -175,9 +175,14 @@ class WorkerPool(RayPool):
     def _held(self, client_ids: list[int]) -> dict[int, ClientSnapshot]:
         return {c: self.held[c] for c in client_ids}
 
+    def _broadcast(self, payload: Payload) -> Payload | ray.ObjectRef:
+        """:meth:`RayPool.broadcast`, when some ClientActor will read it: a pool of one puts nothing in the
+        object store (a large model would otherwise be put every round, read by no one)."""
+        return self.broadcast(payload) if self.actors else payload
+
     def train(self, client_ids: list[int], payload: Payload, rnd: int) -> list[ClientMessage]:
         remote, mine = self._parts(client_ids)
-        ref = self.broadcast(payload)
+        ref = self._broadcast(payload)
         self._recover(range(len(self.actors)))
         calls = {a: self.actors[a].train_states.remote(ref, rnd, self._held(ids), self.experiment)
                  for a, ids in enumerate(remote) if ids}
@@ -191,7 +196,7 @@ class WorkerPool(RayPool):
 
     def evaluate(self, payload: Payload, rnd: int) -> list[ClientEval]:
         remote, mine = self._parts(sorted(self.local))
-        ref = self.broadcast(payload)
+        ref = self._broadcast(payload)
         self._recover(range(len(self.actors)))
 
         def call(a: int) -> ray.ObjectRef:

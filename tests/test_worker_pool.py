@@ -142,3 +142,13 @@ def test_worker_pool_settings_are_checked_before_any_cluster_work():
     (msg,) = check_fits(validate(raw), 4.0, 0.0, 1000.0, "f.yaml")
     assert msg == ("f.yaml: resources.actor_memory_mb: one trial starts 5 processes × 300 MB = 1500 MB, more than "
                    "this machine's 1000 MB; allowed: resources.client_workers <= 2")
+
+
+@pytest.mark.ray
+def test_a_pool_of_one_puts_no_payload_in_the_object_store(ray_session):
+    """A large payload goes through the object store only when a ClientActor will read it."""
+    from actors.server import INLINE_PAYLOAD_BYTES, WorkerPool
+
+    large = {"params": np.zeros(INLINE_PAYLOAD_BYTES // 4 + 1, np.float32)}
+    assert WorkerPool({}, [], [])._broadcast(large) is large
+    assert isinstance(WorkerPool({}, [object()], [()])._broadcast(large), ray_session.ObjectRef)
