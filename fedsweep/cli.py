@@ -22,12 +22,19 @@ def _print_problems(err: ConfigError) -> int:
 
 
 def cmd_validate(args) -> int:
+    """Every file is checked (one Python start for all, e.g. ``fedsweep validate sweeps/*.yaml``); exit 2 if any is bad."""
     from fedsweep.config import load_sweep
 
-    sweep = load_sweep(args.file)
-    algorithms = sorted({t.config.algorithm.name for t in sweep.trials})
-    print(f"{args.file}: OK — {len(sweep.trials)} trial(s), algorithms: {', '.join(algorithms)}")
-    return 0
+    code = 0
+    for file in args.files:
+        try:
+            sweep = load_sweep(file)
+        except ConfigError as e:
+            code = _print_problems(e)
+            continue
+        algorithms = sorted({t.config.algorithm.name for t in sweep.trials})
+        print(f"{file}: OK — {len(sweep.trials)} trial(s), algorithms: {', '.join(algorithms)}")
+    return code
 
 
 def cmd_run(args) -> int:
@@ -163,8 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedsweep", description="Personalized federated learning experiments and sweeps on Ray.")
     sub = p.add_subparsers(dest="command", required=True)
 
-    s = sub.add_parser("validate", help="check a config or sweep file; start nothing")
-    s.add_argument("file")
+    s = sub.add_parser("validate", help="check config or sweep files; start nothing")
+    s.add_argument("files", nargs="+", metavar="file")
     s.set_defaults(func=cmd_validate)
 
     s = sub.add_parser("run", help="run one experiment (no grids), logged to MLflow")

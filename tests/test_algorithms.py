@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
+
 import pytest
 import torch
 
@@ -287,11 +291,13 @@ SETTINGS = {
 
 @pytest.fixture(scope="module")
 def synthetic_results():
-    out = {}
-    for key, algorithm in SETTINGS.items():
-        hist, _ = run_local(validate({**SYNTHETIC, "algorithm": {**SHARED, **algorithm}}))
-        out[key] = (hist[0]["personalized_accuracy_mean"], hist[-1]["personalized_accuracy_mean"])
-    return out
+    """(round-0, final) personalized accuracy per setting; the runs are independent, so they share the
+    machine's cores (fresh spawned processes, one thread each, as in the actors)."""
+    cfgs = {key: validate({**SYNTHETIC, "algorithm": {**SHARED, **algorithm}}) for key, algorithm in SETTINGS.items()}
+    workers = min(len(cfgs), os.cpu_count() or 1)
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as ex:
+        runs = dict(zip(cfgs, ex.map(run_local, cfgs.values())))
+    return {key: (hist[0]["personalized_accuracy_mean"], hist[-1]["personalized_accuracy_mean"]) for key, (hist, _) in runs.items()}
 
 
 def test_every_algorithm_improves_on_its_round_zero_accuracy(synthetic_results):

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -12,22 +14,59 @@ import yaml
 from tests.conftest import ROOT, config_dict
 
 
-def fedsweep(*args, cwd, env_extra=None, timeout=300):
+def _env(env_extra=None) -> dict:
     env = {**os.environ, **(env_extra or {})}
     env.pop("MLFLOW_TRACKING_URI", None)
     env.pop("RAY_ADDRESS", None)
+    return env
+
+
+def fedsweep(*args, cwd, env_extra=None, timeout=300):
     return subprocess.run(
-        [sys.executable, "-m", "fedsweep.cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
+        [sys.executable, "-m", "fedsweep.cli", *args], cwd=cwd, env=_env(env_extra), capture_output=True, text=True,
+        timeout=timeout, check=False,
     )
+
+
+# fedsweep.cli.main for several command lines in ONE fresh Python process (a start imports torch and
+# sklearn: ~5 s here), each in its own working directory; per command line the exit code, the output,
+# and whether it initialized Ray or created an MLflow store there.
+_BATCH = r"""
+import contextlib, io, json, os, sys
+import ray
+from fedsweep.cli import main
+out = {}
+for key, (argv, cwd) in json.loads(sys.stdin.read()).items():
+    os.chdir(cwd)
+    err, std = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(std):
+        try:
+            code = main(argv)
+        except SystemExit as e:
+            code = e.code
+        except Exception as e:  # recorded, so that one broken case does not hide the others
+            code = repr(e)
+    out[key] = {"code": code, "stdout": std.getvalue(), "stderr": err.getvalue(), "ray": ray.is_initialized(),
+                "mlflow_store": os.path.exists("mlflow.db") or os.path.exists("mlruns")}
+    ray.shutdown()  # a case that started Ray must not make the next one look as if it did
+print(json.dumps(out))
+"""
+
+
+def fedsweep_main_batch(invocations: dict[str, tuple[list[str], Path]], timeout=300) -> dict[str, dict]:
+    r = subprocess.run([sys.executable, "-c", _BATCH], input=json.dumps({k: (a, str(c)) for k, (a, c) in invocations.items()}),
+                       env=_env(), capture_output=True, text=True, timeout=timeout, check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.splitlines()[-1])
 
 
 def test_validate_ok_on_shipped_sweeps(tmp_path, full_size_image_root):
     # The MNIST/CIFAR protocols check their files and splits at validation: give them full-size stand-ins.
     env = {"FEDSWEEP_DATA_DIR": str(full_size_image_root)}
-    for f in sorted((ROOT / "sweeps").glob("*.yaml")):
-        r = fedsweep("validate", str(f), cwd=tmp_path, env_extra=env)
-        assert r.returncode == 0, r.stderr
-        assert "OK" in r.stdout
+    files = [str(f) for f in sorted((ROOT / "sweeps").glob("*.yaml"))]
+    r = fedsweep("validate", *files, cwd=tmp_path, env_extra=env)  # all in one call
+    assert r.returncode == 0, r.stderr
+    assert [line.split(": OK")[0] for line in r.stdout.splitlines()] == files
     assert not (tmp_path / "mlflow.db").exists()
 
 
@@ -45,25 +84,61 @@ BAD = {
         "data.root: cifar10 files not found under",
     ),
 }
+COMMANDS = ["validate", "run", "sweep"]
+
+
+def _bad_file(folder: Path, case: str) -> Path:
+    change = BAD[case][0]
+    # cluster_cpus: 2 so that the plan is checked against a 2-CPU cluster whatever this machine has.
+    resources = {"server_cpus": 0.25, **change.get("resources", {}), "cluster_cpus": 2}
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "bad.yaml"
+    path.write_text(yaml.safe_dump(config_dict(**{**change, "resources": resources})))
+    return path
+
+
+@pytest.fixture(scope="module")
+def bad_input_results(tmp_path_factory):
+    """Every bad case under every command, and ``validate`` of a bad and a good file, each in its own folder."""
+    root = tmp_path_factory.mktemp("bad-input")
+    calls = {}
+    for case in BAD:
+        for command in COMMANDS:
+            folder = root / f"{command}-{case.replace(' ', '_')}"
+            calls[f"{command}-{case}"] = ([command, str(_bad_file(folder, case))], folder)
+    folder = root / "two-files"
+    calls["validate-two-files"] = (["validate", str(_bad_file(folder, "unknown key")), str(ROOT / "sweeps" / "default.yaml")], folder)
+    return fedsweep_main_batch(calls)
 
 
 @pytest.mark.parametrize("case", list(BAD))
-@pytest.mark.parametrize("command", ["validate", "run", "sweep"])
-def test_bad_input_exits_2_before_anything_starts(case, command, tmp_path):
-    change, expected = BAD[case]
-    # cluster_cpus: 2 so that the plan is checked against a 2-CPU cluster whatever this machine has.
-    resources = {"server_cpus": 0.25, **change.get("resources", {}), "cluster_cpus": 2}
-    raw = config_dict(**{**change, "resources": resources})
+@pytest.mark.parametrize("command", COMMANDS)
+def test_bad_input_exits_2_before_anything_starts(case, command, bad_input_results):
+    expected = BAD[case][1]
     if command == "run" and case == "unknown grid field":
         expected = "a grid is only allowed in a sweep"
-    path = tmp_path / "bad.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    r = fedsweep(command, str(path), cwd=tmp_path, timeout=120)
+    r = bad_input_results[f"{command}-{case}"]
+    assert r["code"] == 2, r
+    assert expected in r["stderr"]
+    assert "invalid configuration" in r["stderr"]
+    assert not r["mlflow_store"]  # no MLflow run, not even a store
+    assert not r["ray"]  # and no Ray
+
+
+def test_validate_checks_every_file_and_fails_if_one_is_bad(bad_input_results):
+    r = bad_input_results["validate-two-files"]
+    assert r["code"] == 2
+    assert "bad.yaml:" in r["stderr"] and "roundz: unknown key 'roundz'" in r["stderr"]
+    assert f"{ROOT / 'sweeps' / 'default.yaml'}: OK" in r["stdout"]  # the good file after the bad one is still checked
+
+
+def test_bad_input_through_the_command_line_exits_2_before_ray_starts(tmp_path):
+    # The same path as the batch above, through `python -m fedsweep.cli` and sys.exit: one case.
+    r = fedsweep("sweep", str(_bad_file(tmp_path, "cannot fit")), cwd=tmp_path, timeout=120)
     assert r.returncode == 2, (r.stdout, r.stderr)
-    assert expected in r.stderr
-    assert "invalid configuration" in r.stderr
-    assert not (tmp_path / "mlflow.db").exists()  # no MLflow run, not even a store
-    assert "Started a local Ray instance" not in r.stderr  # and no Ray
+    assert BAD["cannot fit"][1] in r.stderr and "invalid configuration" in r.stderr
+    assert not (tmp_path / "mlflow.db").exists()
+    assert "Started a local Ray instance" not in r.stderr
 
 
 @pytest.mark.ray
