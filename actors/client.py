@@ -5,10 +5,12 @@ its state across rounds and its model, on the actor's device; or, as a worker of
 from __future__ import annotations
 
 import os
+import threading
 
 import ray
 import torch
 
+from actors.channel import Endpoint
 from fedsweep.algorithms.base import ClientData, ClientMessage
 from fedsweep.config import ExperimentConfig
 from fedsweep.evaluation import ClientEval
@@ -21,6 +23,9 @@ from fedsweep.federation import (
     train_clients,
     train_from_snapshots,
 )
+
+#: The ClientActor methods a worker pool's ServerActor may call through the actor's socket (actors/channel.py).
+CHANNEL_CALLS = frozenset({"train_states", "evaluate_states"})
 
 #: The calls made every round (ServerActor.step, ClientActor.train and evaluate) report no task events to
 #: Ray's dashboard and state API (``ray list tasks``, ``ray timeline``): Ray documents these events as a
@@ -51,14 +56,34 @@ class ClientActor:
         torch.set_num_threads(COMPUTE_THREADS)
         self.clients: dict[int, Client] = {}
         self.experiment = -1  # none
+        self.endpoint: Endpoint | None = None
+        self.lock = threading.Lock()  # Ray's calls and the socket's share the clients
+
+    def open_channel(self) -> tuple[str, str | bytes, bytes]:
+        """(node id, socket address, key) of this actor's socket endpoint, started on the first call: a worker
+        pool's ServerActor on the same node sends :data:`CHANNEL_CALLS` there instead of calling through Ray."""
+        if self.endpoint is None:
+            self.endpoint = Endpoint(self._answer)
+        return ray.get_runtime_context().get_node_id(), self.endpoint.address, self.endpoint.authkey
+
+    def _answer(self, method: str, args: tuple):
+        if method not in CHANNEL_CALLS:
+            raise ValueError(f"{method!r} is not served on the socket; allowed: {sorted(CHANNEL_CALLS)}")
+        with self.lock:
+            return getattr(self, method)(*args)
+
+    def channel_served(self) -> int:
+        """Requests answered through the socket since this process started."""
+        return 0 if self.endpoint is None else self.endpoint.served
 
     def reset(self, shards: dict[int, ClientData], cfg: ExperimentConfig, num_features: int, num_classes: int,
               experiment: int) -> None:
         """Host ``shards`` for experiment ``cfg`` with fresh states (what a new actor would hold)."""
         use_gpu = cfg.resources.client_gpus > 0 and torch.cuda.is_available()
         device = "cuda" if use_gpu else "cpu"
-        self.clients = {i: Client(i, d, cfg, num_features, num_classes, device) for i, d in shards.items()}
-        self.experiment = experiment
+        with self.lock:
+            self.clients = {i: Client(i, d, cfg, num_features, num_classes, device) for i, d in shards.items()}
+            self.experiment = experiment
 
     def _check(self, experiment: int) -> None:
         if experiment != self.experiment:
@@ -102,8 +127,9 @@ class ClientActor:
         if setup is not None:
             shards, *rest = setup
             self.reset(ray.get(shards), *rest)
-        for i, snap in snapshots.items():
-            self.clients[i].load(snap)
+        with self.lock:
+            for i, snap in snapshots.items():
+                self.clients[i].load(snap)
 
     def info(self) -> list[dict]:
         return hosted_info(self.clients)

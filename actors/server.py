@@ -5,12 +5,15 @@ clients each, in the trial's placement group) their shards, and runs rounds: sam
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import ray
 import torch
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from actors.channel import Call, ChannelLost, Link
 from actors.client import ROUND_CALL, ClientActor, StaleClientActor, hosted_info
 from fedsweep.algorithms.base import ClientMessage
 from fedsweep.config import ExperimentConfig
@@ -69,12 +72,13 @@ class RayPool:
         """The part of ``snapshots`` that belongs to the clients actor ``a`` hosts."""
         return {c: snapshots[c] for c in self.hosts[a] if c in snapshots}
 
-    def _gather(self, calls: dict[int, ray.ObjectRef]) -> dict[int, list]:
-        """Replies by actor, of the calls that returned within the timeout without their actor dying."""
+    def _gather(self, calls: dict[int, ray.ObjectRef], timeout_s: float | None = None) -> dict[int, list]:
+        """Replies by actor, of the calls that returned within the timeout (``timeout_s``, else the pool's)
+        without their actor dying."""
         if not calls:  # e.g. no lost actor to recover: no Ray call on the round's path
             return {}
         refs = list(calls.values())
-        ready = set(ray.wait(refs, num_returns=len(refs), timeout=self.timeout_s)[0])
+        ready = set(ray.wait(refs, num_returns=len(refs), timeout=timeout_s if timeout_s is not None else self.timeout_s)[0])
         replies = {}
         for a, ref in calls.items():
             if ref not in ready:
@@ -142,6 +146,9 @@ class RayPool:
         ray.get([actor.load.remote(self._of_actor(a, snapshots)) for a, actor in enumerate(self.actors)])
         self.saved = dict(snapshots)
 
+    def close(self) -> None:
+        """Called when the ServerActor replaces this pool (a warm actor's next experiment)."""
+
     def states(self, client_ids: list[int]) -> list:
         groups = self._by_actor(client_ids)
         replies = ray.get([self.actors[a].get_states.remote(ids, self.experiment) for a, ids in groups.items()])
@@ -159,13 +166,73 @@ class WorkerPool(RayPool):
     checkpoints, and travel with the calls, so a ClientActor that dies loses none: its clients are
     missing from that round's replies (their states unchanged), and a restarted one is reset to every
     shard before its next call. Replies are returned in client-id order: the same numbers as any packing.
+
+    With ``channel="socket"`` (``resources.pool_channel``) the round's calls to a ClientActor on this node go
+    through its socket (:mod:`actors.channel`) instead of Ray; a socket found closed counts as the actor's
+    death (Ray restarts it, the pool sets it up and connects again), a reply later than the timeout is dropped.
     """
 
     def __init__(self, local: dict[int, Client], actors: list, setups: list[tuple], experiment: int = 0,
-                 timeout_s: float | None = None):
+                 timeout_s: float | None = None, channel: str = "ray"):
         super().__init__(actors, [list(local)] * len(actors), setups, experiment, timeout_s)
         self.local = local
         self.held: dict[int, ClientSnapshot] = {c: (None, 0) for c in local}  # every client's state
+        self.channel = channel
+        self.links: dict[int, Link | None] = {}  # per ClientActor: its socket, or None for Ray calls
+        self._shared: tuple[Payload, Payload | ray.ObjectRef] | None = None  # the last payload, as Ray calls carry it
+
+    def _connect(self, actor_ids) -> None:
+        """Give the actors without a link one: their socket when on this node and ``channel`` is socket, else
+        None (Ray calls). An actor that dies meanwhile is lost (set up again before its next call)."""
+        new = [a for a in actor_ids if a not in self.links and a not in self.lost]
+        if self.channel != "socket":
+            self.links.update(dict.fromkeys(new))
+            return
+        here = ray.get_runtime_context().get_node_id()
+        for a, (node, address, authkey) in self._gather({a: self.actors[a].open_channel.remote() for a in new}).items():
+            self.links[a] = Link(address, authkey) if node == here else None
+
+    def _lose(self, a: int) -> None:
+        self.lost.add(a)
+        link = self.links.pop(a, None)
+        if link is not None:
+            link.close()
+
+    def _recover(self, actor_ids) -> None:
+        actor_ids = list(actor_ids)
+        super()._recover(actor_ids)
+        self._connect(actor_ids)
+
+    def _call(self, a: int, method: str, payload: Payload, *args) -> Call | ray.ObjectRef:
+        """``method(payload, *args)`` on ClientActor ``a``: through its socket if it has one, else a Ray call."""
+        link = self.links.get(a)
+        if link is not None:
+            return link.submit(method, payload, *args)
+        return getattr(self.actors[a], method).remote(self._for_ray(payload), *args)
+
+    def _gather(self, calls: dict[int, Call | ray.ObjectRef], timeout_s: float | None = None) -> dict[int, list]:
+        """:meth:`RayPool._gather` for calls through sockets or Ray, within one timeout."""
+        timeout_s = timeout_s if timeout_s is not None else self.timeout_s
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        replies, refs = {}, {}
+        for a, call in calls.items():
+            if not isinstance(call, Call):
+                refs[a] = call
+                continue
+            try:
+                replies[a] = call.result(deadline)
+            except TimeoutError:
+                pass  # a straggler: its late reply is dropped when it comes
+            except (ChannelLost, StaleClientActor):
+                self._lose(a)
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        return replies | super()._gather(refs, left)
+
+    def close(self) -> None:
+        for a in list(self.links):
+            link = self.links.pop(a)
+            if link is not None:
+                link.close()
 
     def _parts(self, client_ids: list[int]) -> tuple[list[list[int]], list[int]]:
         """(the part of each ClientActor, the ServerActor's part)."""
@@ -175,16 +242,18 @@ class WorkerPool(RayPool):
     def _held(self, client_ids: list[int]) -> dict[int, ClientSnapshot]:
         return {c: self.held[c] for c in client_ids}
 
-    def _broadcast(self, payload: Payload) -> Payload | ray.ObjectRef:
-        """:meth:`RayPool.broadcast`, when some ClientActor will read it: a pool of one puts nothing in the
-        object store (a large model would otherwise be put every round, read by no one)."""
-        return self.broadcast(payload) if self.actors else payload
+    def _for_ray(self, payload: Payload) -> Payload | ray.ObjectRef:
+        """What a Ray call to a ClientActor carries: :meth:`RayPool.broadcast`, once per payload, made only
+        when some ClientActor is called through Ray (a pool of one, or one whose ClientActors all have
+        sockets, puts nothing in the object store; a large model would be put every round, read by no one)."""
+        if self._shared is None or self._shared[0] is not payload:
+            self._shared = (payload, self.broadcast(payload))
+        return self._shared[1]
 
     def train(self, client_ids: list[int], payload: Payload, rnd: int) -> list[ClientMessage]:
         remote, mine = self._parts(client_ids)
-        ref = self._broadcast(payload)
         self._recover(range(len(self.actors)))
-        calls = {a: self.actors[a].train_states.remote(ref, rnd, self._held(ids), self.experiment)
+        calls = {a: self._call(a, "train_states", payload, rnd, self._held(ids), self.experiment)
                  for a, ids in enumerate(remote) if ids}
         messages, states = train_from_snapshots(self.local, self._held(mine), payload, rnd)
         for msgs, sts in self._gather(calls).values():
@@ -196,11 +265,10 @@ class WorkerPool(RayPool):
 
     def evaluate(self, payload: Payload, rnd: int) -> list[ClientEval]:
         remote, mine = self._parts(sorted(self.local))
-        ref = self._broadcast(payload)
         self._recover(range(len(self.actors)))
 
-        def call(a: int) -> ray.ObjectRef:
-            return self.actors[a].evaluate_states.remote(ref, rnd, self._held(remote[a]), self.experiment)
+        def call(a: int) -> Call | ray.ObjectRef:
+            return self._call(a, "evaluate_states", payload, rnd, self._held(remote[a]), self.experiment)
 
         calls = {a: call(a) for a, ids in enumerate(remote) if ids}
         evals = evaluate_from_snapshots(self.local, self._held(mine), payload, rnd)
@@ -268,9 +336,11 @@ class ServerActor:
         # for restarted actors.
         setups = [(ref, cfg, dataset.num_features, dataset.num_classes, self.experiment) for ref in self._put_shards(dataset)]
         timeout_s = cfg.resources.round_timeout_s
+        if hasattr(self, "pool"):
+            self.pool.close()
         if cfg.resources.client_workers:
             local = {i: Client(i, d, cfg, dataset.num_features, dataset.num_classes) for i, d in enumerate(dataset.clients)}
-            self.pool = WorkerPool(local, self.actors, setups, self.experiment, timeout_s)
+            self.pool = WorkerPool(local, self.actors, setups, self.experiment, timeout_s, cfg.resources.pool_channel)
         else:
             self.pool = RayPool(self.actors, self.hosts, setups, self.experiment, timeout_s)
         ray.get([a.reset.remote(*setup) for a, setup in zip(self.actors, setups)])

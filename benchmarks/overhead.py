@@ -12,7 +12,8 @@ each with one client per actor (k=1, the default: 20 ClientActors) and packed, o
 actor trains in a round form one stacked computation); ``local/vec/k=K`` is the in-process loop stacking
 the same groups of K clients. ``pool-1`` and ``pool-2`` are worker pools (``resources.client_workers`` = CPUs):
 on 1 CPU the ServerActor trains every client itself, on 2 it and one ClientActor split each round's clients
-evenly, the ServerActor keeping the client states. ``local×2`` is the machine's own ceiling for any
+evenly, the ServerActor keeping the client states, the parts sent over the ClientActor's socket
+(``resources.pool_channel: socket``, the default); ``pool-2/ray`` sends them as Ray actor calls. ``local×2`` is the machine's own ceiling for any
 2-CPU speedup: two copies of ``local`` at the same time, one per core (the time of the slower one).
 Printed: medians over the repetitions of the rounds' wall time (rounds 1..R, start-up excluded)
 and of the whole run (Ray start, actor start, rounds), and the paired ratios
@@ -40,7 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks._harness import median, print_ratios, ratios, repeat, timed_actor_run
 
 
-def config(args, cpus: float = 1.0, clients_per_actor: int = 1, vectorize: bool = False, client_workers: int = 0):
+def config(args, cpus: float = 1.0, clients_per_actor: int = 1, vectorize: bool = False, client_workers: int = 0,
+           pool_channel: str = "socket"):
     from fedsweep.config import validate
 
     actors = client_workers or -(-args.clients // clients_per_actor)
@@ -58,7 +60,7 @@ def config(args, cpus: float = 1.0, clients_per_actor: int = 1, vectorize: bool 
             "eval_every": 10,
             "resources": {"server_cpus": server_cpus, "client_cpus": round((cpus - server_cpus) / actors, 4),
                           "clients_per_actor": clients_per_actor, "vectorize_clients": vectorize,
-                          "client_workers": client_workers},
+                          "client_workers": client_workers, "pool_channel": pool_channel},
         },
         "overhead",
     )
@@ -95,7 +97,7 @@ def worker_local_pair(args) -> dict:
 
 
 def worker_actors(args) -> dict:
-    cfg = config(args, args.cpus, args.clients_per_actor, args.vectorize, args.client_workers)
+    cfg = config(args, args.cpus, args.clients_per_actor, args.vectorize, args.client_workers, args.pool_channel)
     rounds_s, total_s, last, params = timed_actor_run(cfg, args.cpus)
     return {"rounds_s": rounds_s, "total_s": total_s, "final": last["personalized_accuracy_mean"],
             "params_sum": float(params.astype("float64").sum())}
@@ -111,6 +113,7 @@ def main() -> int:
     ap.add_argument("--clients-per-actor", type=int, default=1)
     ap.add_argument("--vectorize", action="store_true", help="resources.vectorize_clients")
     ap.add_argument("--client-workers", type=int, default=0, help="resources.client_workers")
+    ap.add_argument("--pool-channel", choices=["socket", "ray"], default="socket", help="resources.pool_channel")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--variants", nargs="+", help="run only these variants (names as printed); default: all")
     args = ap.parse_args()
@@ -132,6 +135,7 @@ def main() -> int:
         variants[f"actors-{cpus}/k={per_cpu[cpus]}/vec"] = (
             cores[cpus], [*actors, "--clients-per-actor", str(per_cpu[cpus]), "--vectorize"])
         variants[f"pool-{cpus}"] = (cores[cpus], [*actors, "--client-workers", str(cpus)])
+    variants["pool-2/ray"] = (cores[2], ["actors", *common, "--cpus", "2", "--client-workers", "2", "--pool-channel", "ray"])
     if args.variants:
         unknown = set(args.variants) - set(variants)
         if unknown:
@@ -167,6 +171,8 @@ def main() -> int:
         ("pool: overhead on 1 CPU, pool-1 / local", "pool-1", "local"),
         ("pool: parallel speedup, pool-1 / pool-2", "pool-1", "pool-2"),
         ("pool: speedup over local, local / pool-2", "local", "pool-2"),
+        ("pool, Ray calls: parallel speedup, pool-1 / pool-2/ray", "pool-1", "pool-2/ray"),
+        ("pool: Ray calls / socket, pool-2/ray / pool-2", "pool-2/ray", "pool-2"),
     ]
     print_ratios(res, [row for row in rows if row[1] in res and row[2] in res], width=52)
     if "local" in res and "local×2" in res:

@@ -71,6 +71,13 @@ class ResourcesConfig(StrictModel):
         "ServerActor (no per-round call to another actor). The ServerActor's bundle then holds "
         "server_cpus + client_cpus. Same numbers as 0 (clients one by one).",
     )
+    pool_channel: Literal["socket", "ray"] = Field(
+        "socket",
+        description="With a worker pool (client_workers >= 2): how the ServerActor sends a round's part to a "
+        "ClientActor and gets its reply. 'socket' = a Unix-domain socket between the two processes when they run "
+        "on the same node (Ray calls otherwise); 'ray' = Ray actor calls always (about 1 ms more each way a "
+        "round). Same numbers either way.",
+    )
     vectorize_clients: bool = Field(
         False,
         description="Train the clients packed in one actor as one batched computation (torch.func.vmap over "

@@ -18,12 +18,15 @@ from tests.test_federation import centralized_gd, gd_config
 pytestmark = pytest.mark.ray
 
 
-def run_actors(cfg):
+def run_actors(cfg, after=lambda runner: None):
+    """(history, final global vector, clients_info, client table) of ``cfg`` run on actors; ``after(runner)``
+    looks at the actors once the rounds are done."""
     runner = ExperimentRunner(cfg)
     try:
         runner.start()
         history = list(runner.rounds())
         params = torch.tensor(__import__("ray").get(runner.server.global_params.remote()))
+        after(runner)
         return history, params, runner.clients_info, runner.client_table()
     finally:
         runner.stop()

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fedsweep.config import ConfigError, check_fits, validate
-from fedsweep.federation import Client, local_federation, run_local, train_from_snapshots
+from fedsweep.federation import Client, Server, local_federation, run_local, train_from_snapshots
 from tests.conftest import config_dict
 from tests.test_actors import _kill_a_client_actor_between_calls, run_actors, strip_time
 
@@ -48,11 +48,19 @@ def test_training_from_snapshots_is_the_clients_own_training():
         assert all(np.array_equal(held[0][k], v.numpy()) for k, v in kept.state.items())
 
 
+def served_by_sockets(ray_session, runner) -> list[int]:
+    """Per ClientActor of ``runner``: requests it answered through its socket."""
+    return ray_session.get([a.channel_served.remote() for a in runner.client_actors])
+
+
 @pytest.mark.ray
-@pytest.mark.parametrize("workers, algorithm", [(1, None), (3, PFEDME)])
-def test_a_worker_pool_gives_the_numbers_of_the_in_process_loop(ray_session, workers, algorithm):
-    cfg = pool_config(workers, algorithm)
-    history, params, info, table = run_actors(cfg)
+@pytest.mark.parametrize("workers, algorithm, channel", [(1, None, "socket"), (3, PFEDME, "socket"), (2, SCAFFOLD, "ray")])
+def test_a_worker_pool_gives_the_numbers_of_the_in_process_loop(ray_session, workers, algorithm, channel):
+    """The same numbers whether the round's parts travel through the ClientActors' sockets or as Ray calls;
+    with sockets every train and evaluate call of the pool goes through them."""
+    cfg = pool_config(workers, algorithm, resources={"pool_channel": channel})
+    served: list[int] = []
+    history, params, info, table = run_actors(cfg, after=lambda runner: served.extend(served_by_sockets(ray_session, runner)))
     local, server = run_local(cfg)
     assert strip_time(history) == local
     assert torch.equal(params, server.params)
@@ -62,6 +70,8 @@ def test_a_worker_pool_gives_the_numbers_of_the_in_process_loop(ray_session, wor
     assert len(info) == 5 * workers and len(set(pids)) == workers
     assert [i["client_id"] for i in info] == list(range(5)) * workers
     assert len(set(pids[:5])) == 1
+    # 4 rounds of training and 3 evaluations (rounds 0, 2, 4), one request each to each ClientActor
+    assert served == ([4 + 3] * (workers - 1) if channel == "socket" else [0] * (workers - 1))
 
 
 @pytest.mark.ray
@@ -108,6 +118,7 @@ def test_a_dead_worker_loses_no_state(ray_session):
         history = [next(rounds), next(rounds)]
         _kill_a_client_actor_between_calls(ray_session, runner, row=4)  # rows 0-3: the ServerActor's clients
         history += list(rounds)
+        served = served_by_sockets(ray_session, runner)
         table = runner.client_table()
     finally:
         runner.stop()
@@ -116,8 +127,70 @@ def test_a_dead_worker_loses_no_state(ray_session):
     assert history[2]["clients_dropped"] == 2  # 3 sampled of 4: parts of 2 (ClientActor) and 1
     assert [h["clients_dropped"] for h in history[3:]] == [0, 0]
     assert sum(h["clients_restored"] for h in history[1:]) == 0
+    # the restarted process was set up and connected again: its socket served the evaluations of rounds 2
+    # and 4 and the training of rounds 3 and 4
+    assert served == [4]
     assert [r["client_id"] for r in table] == [0, 1, 2, 3]
     assert sum(r["times_trained"] for r in table) == sum(h["clients_answered"] for h in history[1:]) == 3 * 4 - 2
+
+
+@pytest.mark.ray
+def test_a_frozen_worker_past_the_timeout_is_left_out_and_its_late_reply_dropped(ray_session):
+    """SIGSTOP the ClientActor over round 2 (round_timeout_s 1): its part of round 2 is dropped and those
+    clients keep their states; resumed, it answers round 2's request late, the ServerActor drops that reply
+    and reads round 3's own, so rounds 3-4 are whole. All through the socket."""
+    import os
+    import signal
+
+    from fedsweep.experiment import ExperimentRunner
+
+    cfg = pool_config(2, SCAFFOLD, clients=4, rounds=4, resources={"round_timeout_s": 1.0})
+    runner = ExperimentRunner(cfg)
+    try:
+        runner.start()
+        worker = runner.clients_info[4]["pid"]  # rows 0-3: the ServerActor's clients
+        rounds = runner.rounds()
+        history = [next(rounds), next(rounds)]
+        before = ray_session.get(runner.server.client_states.remote([0, 1, 2, 3]))
+        os.kill(worker, signal.SIGSTOP)
+        try:
+            history.append(next(rounds))
+            after = ray_session.get(runner.server.client_states.remote([0, 1, 2, 3]))
+        finally:
+            os.kill(worker, signal.SIGCONT)
+        history += list(rounds)
+        served = served_by_sockets(ray_session, runner)
+        table = runner.client_table()
+    finally:
+        runner.stop()
+    assert history[2]["clients_dropped"] == 2  # 3 sampled of 4: the ClientActor's part of 2
+    assert [h["clients_dropped"] for h in history[3:]] == [0, 0]
+    remote_part = Server(cfg, 64, 10).sample(2)[:2]
+    for c in remote_part:  # not trained in round 2: the state it had after round 1
+        assert (before[c] is None and after[c] is None) or all(np.array_equal(before[c][k], after[c][k]) for k in before[c])
+    assert history[2]["clients_evaluated"] == 2  # its evaluation timed out too, asked twice
+    # answered, late or not: training in rounds 1-4, evaluation at rounds 0, 2 (twice) and 4
+    assert served == [4 + 4]
+    assert sum(r["times_trained"] for r in table) == 3 * 4 - 2
+    assert np.isfinite(history[-1]["global_loss"])
+
+
+@pytest.mark.ray
+def test_a_client_actors_socket_serves_only_the_round_calls(ray_session):
+    from actors.channel import Link
+    from actors.client import CHANNEL_CALLS, ClientActor
+
+    actor = ClientActor.remote()
+    _, address, authkey = ray_session.get(actor.open_channel.remote())
+    link = Link(address, authkey)
+    try:
+        with pytest.raises(ValueError, match="'snapshot' is not served on the socket; allowed: "
+                                              r"\['evaluate_states', 'train_states'\]"):
+            link.submit("snapshot", 0).result()
+        assert CHANNEL_CALLS == {"train_states", "evaluate_states"}
+    finally:
+        link.close()
+        ray_session.kill(actor)
 
 
 def test_worker_pool_settings_are_checked_before_any_cluster_work():
@@ -145,10 +218,24 @@ def test_worker_pool_settings_are_checked_before_any_cluster_work():
 
 
 @pytest.mark.ray
-def test_a_pool_of_one_puts_no_payload_in_the_object_store(ray_session):
-    """A large payload goes through the object store only when a ClientActor will read it."""
+def test_a_large_payload_goes_to_the_object_store_only_for_ray_calls(ray_session):
+    """A large payload is put once per round, and only when some ClientActor is called through Ray: a pool of
+    one, or a ClientActor with a socket (which gets the payload itself), puts nothing in the object store."""
+    from actors.channel import Endpoint, Link
     from actors.server import INLINE_PAYLOAD_BYTES, WorkerPool
 
     large = {"params": np.zeros(INLINE_PAYLOAD_BYTES // 4 + 1, np.float32)}
-    assert WorkerPool({}, [], [])._broadcast(large) is large
-    assert isinstance(WorkerPool({}, [object()], [()])._broadcast(large), ray_session.ObjectRef)
+    alone = WorkerPool({}, [], [])
+    assert alone.train([], large, 1) == [] and alone._shared is None
+    through_ray = WorkerPool({}, [object()], [()])
+    ref = through_ray._for_ray(large)
+    assert isinstance(ref, ray_session.ObjectRef) and through_ray._for_ray(large) is ref  # once per payload
+    endpoint = Endpoint(lambda method, args: type(args[0]["params"]).__name__)
+    through_socket = WorkerPool({}, [object()], [()], channel="socket")
+    through_socket.links[0] = Link(endpoint.address, endpoint.authkey)
+    try:
+        assert through_socket._call(0, "train_states", large, 1).result() == "ndarray"
+        assert through_socket._shared is None
+    finally:
+        through_socket.close()
+        endpoint.close()
