@@ -81,11 +81,11 @@ class Endpoint:
                     reply = (number, True, self.handler(method, args))
                 except Exception as error:  # noqa: BLE001 - the caller re-raises it
                     reply = (number, False, error)
+                self.served += 1  # before the reply: whoever has read it sees the count
                 try:
                     conn.send(reply)
                 except OSError:
                     return
-                self.served += 1
 
     def close(self) -> None:
         self.closed = True
