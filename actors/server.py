@@ -185,6 +185,8 @@ class WorkerPool(RayPool):
         """Give the actors without a link one: their socket when on this node and ``channel`` is socket, else
         None (Ray calls). An actor that dies meanwhile is lost (set up again before its next call)."""
         new = [a for a in actor_ids if a not in self.links and a not in self.lost]
+        if not new:  # every round after the first: nothing to ask
+            return
         if self.channel != "socket":
             self.links.update(dict.fromkeys(new))
             return
@@ -192,11 +194,14 @@ class WorkerPool(RayPool):
         for a, (node, address, authkey) in self._gather({a: self.actors[a].open_channel.remote() for a in new}).items():
             self.links[a] = Link(address, authkey) if node == here else None
 
-    def _lose(self, a: int) -> None:
-        self.lost.add(a)
+    def _drop_link(self, a: int) -> None:
         link = self.links.pop(a, None)
         if link is not None:
             link.close()
+
+    def _lose(self, a: int) -> None:
+        self.lost.add(a)
+        self._drop_link(a)
 
     def _recover(self, actor_ids) -> None:
         actor_ids = list(actor_ids)
@@ -230,9 +235,7 @@ class WorkerPool(RayPool):
 
     def close(self) -> None:
         for a in list(self.links):
-            link = self.links.pop(a)
-            if link is not None:
-                link.close()
+            self._drop_link(a)
 
     def _parts(self, client_ids: list[int]) -> tuple[list[list[int]], list[int]]:
         """(the part of each ClientActor, the ServerActor's part)."""
@@ -315,6 +318,7 @@ class ServerActor:
         self.hosts = [r.clients_of_actor(a, cfg.num_clients) for a in range(r.num_client_actors(cfg.num_clients))]
         self.actors = client_actors
         self.experiment = -1
+        self.pool: RayPool | None = None
         self.reset(cfg)
 
     def _put_shards(self, dataset) -> list[ray.ObjectRef]:
@@ -336,7 +340,7 @@ class ServerActor:
         # for restarted actors.
         setups = [(ref, cfg, dataset.num_features, dataset.num_classes, self.experiment) for ref in self._put_shards(dataset)]
         timeout_s = cfg.resources.round_timeout_s
-        if hasattr(self, "pool"):
+        if self.pool is not None:
             self.pool.close()
         if cfg.resources.client_workers:
             local = {i: Client(i, d, cfg, dataset.num_features, dataset.num_classes) for i, d in enumerate(dataset.clients)}

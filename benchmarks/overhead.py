@@ -135,7 +135,7 @@ def main() -> int:
         variants[f"actors-{cpus}/k={per_cpu[cpus]}/vec"] = (
             cores[cpus], [*actors, "--clients-per-actor", str(per_cpu[cpus]), "--vectorize"])
         variants[f"pool-{cpus}"] = (cores[cpus], [*actors, "--client-workers", str(cpus)])
-    variants["pool-2/ray"] = (cores[2], ["actors", *common, "--cpus", "2", "--client-workers", "2", "--pool-channel", "ray"])
+    variants["pool-2/ray"] = (cores[2], [*variants["pool-2"][1], "--pool-channel", "ray"])
     if args.variants:
         unknown = set(args.variants) - set(variants)
         if unknown:
