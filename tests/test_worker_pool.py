@@ -204,6 +204,7 @@ def test_worker_pool_settings_are_checked_before_any_cluster_work():
     assert "client_workers=2 with clients_per_actor=2" in problems(client_workers=2, clients_per_actor=2)
     assert "allowed: client_gpus 0 with client_workers >= 1" in problems(client_workers=2, client_gpus=0.5)
     assert "resources.client_workers=5 is more workers than clients (data.num_clients=4); allowed: 0..4" in problems(client_workers=5)
+    assert "resources.pool_channel: Input should be 'socket' or 'ray' (got 'pipe')" in problems(pool_channel="pipe")
     raw = config_dict(data={"num_clients": 4})
     raw["resources"] = {"server_cpus": 0.5, "client_cpus": 1.0, "client_workers": 2}
     cfg = validate(raw)
