@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from fedsweep.tracking import PARENT_TAG, TAG_PREFIX, client
+from fedsweep.tracking import LEAK_TAG, PARENT_TAG, TAG_PREFIX, client
 
 #: Final-round metrics reported for the best setting, beside the one ranked by.
 REPORTED = ("personalized_accuracy_mean", "global_accuracy", "personalized_accuracy_worst", "personalized_accuracy_best")
@@ -93,7 +93,8 @@ def load_runs(
         rows.append(
             {
                 "run_id": r.info.run_id,
-                "algorithm": tags[f"{TAG_PREFIX}algorithm"],
+                # a leaking evaluation is its own row, marked, never mixed with or ranked against the others
+                "algorithm": tags[f"{TAG_PREFIX}algorithm"] + (f" [{tags[LEAK_TAG]}]" if LEAK_TAG in tags else ""),
                 "setting": tags[f"{TAG_PREFIX}setting"],
                 "setting_label": tags.get(f"{TAG_PREFIX}setting_label", ""),
                 "seed": int(tags.get(f"{TAG_PREFIX}seed", 0)),

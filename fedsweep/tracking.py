@@ -17,6 +17,8 @@ from fedsweep.config import ExperimentConfig, format_value
 
 TAG_PREFIX = "fedsweep."
 PARENT_TAG = "mlflow.parentRunId"
+#: Set on a run whose evaluation let the scored model see test data (Per-FedAvg's adapt_on_test_batch).
+LEAK_TAG, LEAK_VALUE = f"{TAG_PREFIX}evaluation", "adapt_on_test_batch (leaks test data)"
 # Keys of a round's metrics that are not logged as MLflow metrics.
 _NOT_METRICS = {"round", "diverged"}
 
@@ -105,6 +107,7 @@ class RunLogger:
             f"{TAG_PREFIX}setting": cfg.setting_key(),
             f"{TAG_PREFIX}setting_label": setting_label(overrides or {}),
             f"{TAG_PREFIX}seed": str(cfg.seed),
+            **({LEAK_TAG: LEAK_VALUE} if cfg.algorithm.leaks_test_data else {}),
             **(tags or {}),
         }
         if parent_run_id:

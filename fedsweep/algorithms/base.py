@@ -64,6 +64,11 @@ class HyperParameters(StrictModel):
         """Why this algorithm cannot train a model of this kind, if it cannot."""
         return None
 
+    @property
+    def leaks_test_data(self) -> bool:
+        """Whether the evaluation lets the scored model see the client's test data (never by default)."""
+        return False
+
     def sampled_count(self, num_clients: int) -> int:
         """Clients per round: ``clients_per_round`` or ceil(r * n), at least one."""
         if self.clients_per_round is not None:
@@ -121,11 +126,19 @@ class ClientContext:
 
     def batch(self, batch_size: int | None) -> Batch:
         """A fresh training minibatch drawn without replacement (the whole set if ``batch_size`` is None)."""
-        n = self.data.num_train
+        return self._draw(self.data.x_train, self.data.y_train, batch_size)
+
+    def test_batch(self, batch_size: int | None) -> Batch:
+        """A minibatch of the client's *test* data. Only an evaluation protocol that is marked as leaking
+        test data may call this (Per-FedAvg's ``evaluation: adapt_on_test_batch``)."""
+        return self._draw(self.data.x_test, self.data.y_test, batch_size)
+
+    def _draw(self, x: torch.Tensor, y: torch.Tensor, batch_size: int | None) -> Batch:
+        n = int(y.shape[0])
         if batch_size is None or batch_size >= n:
-            return self.data.x_train, self.data.y_train
-        idx = torch.randperm(n, generator=self.generator)[:batch_size].to(self.data.x_train.device)
-        return self.data.x_train[idx], self.data.y_train[idx]
+            return x, y
+        idx = torch.randperm(n, generator=self.generator)[:batch_size].to(x.device)
+        return x[idx], y[idx]
 
 
 @dataclass

@@ -8,8 +8,19 @@ Each local step t = 1..τ of a sampled client draws three independent batches D,
     fo:    w ← w − β g
     hf:    w ← w − β (g − α d),  d = [∇f_i(w + δg; D″) − ∇f_i(w − δg; D″)] / (2δ)
 
-Server: the FedAvg average. Evaluation: ``personalization_steps`` steps of size α on the client's
-training data (default one). With α = 0 all three variants are SGD on D′, i.e. FedAvg.
+Server: the FedAvg average. Evaluation (``evaluation: train``, the default): ``personalization_steps``
+steps of size α on the client's training data (default one). With α = 0 all three variants are SGD on
+D′, i.e. FedAvg.
+
+``evaluation: adapt_on_test_batch`` is not Per-FedAvg's evaluation: it is what the code published with
+pFedMe (CharlieDinh/pFedMe, ``UserPerAvg.train_one_step`` as of June 2020, the code behind pFedMe's
+Table 1) did before scoring Per-FedAvg. From the global w, with a minibatch T of the client's *test* data
+and a minibatch D of its training data (both of size |D|),
+
+    w' = w − α ∇f_i(w; T),    w'' = w' − β ∇f_i(w'; D),    score w'' on the client's test data.
+
+It LEAKS TEST DATA into the score, and exists only to check that code's published figures; runs with it
+carry the MLflow tag ``fedsweep.evaluation=adapt_on_test_batch`` and their own, marked table row.
 Reads: α, β, τ, r, and D, D′, D″, δ.
 """
 
@@ -37,6 +48,16 @@ class PerFedAvgParams(PersonalizationMixin):
     outer_batch_size: int | None = Field(None, ge=1, description="|D′|; null = batch_size.")
     hessian_batch_size: int | None = Field(None, ge=1, description="|D″| (hf and exact); null = batch_size.")
     hf_delta: float = Field(1e-3, gt=0, validation_alias=aliases("hf_delta", "delta", "δ"), description="δ of the HF finite difference.")
+    evaluation: Literal["train", "adapt_on_test_batch"] = Field(
+        "train",
+        description="train: personalization_steps steps of α on the client's training data (the paper's). "
+        "adapt_on_test_batch: LEAKS TEST DATA — one step of α on a minibatch of the client's test data, then one of "
+        "β on a training minibatch, as pFedMe's published code scored Per-FedAvg; for checking that code's figures only.",
+    )
+
+    @property
+    def leaks_test_data(self) -> bool:
+        return self.evaluation == "adapt_on_test_batch"
 
 
 def hessian_vector(loss: LossFn, w: torch.Tensor, batch: Batch, v: torch.Tensor) -> torch.Tensor:
@@ -80,3 +101,13 @@ class PerFedAvg(FedAvg):
             w, value = meta_step(ctx.loss, w, batches, hp.personalization_lr, hp.local_lr, hp.variant, hp.hf_delta)
             total += value
         return {"params": w}, state, {"local_train_loss": total / hp.local_steps}
+
+    def personalize(self, ctx: ClientContext, payload: State, state: State) -> torch.Tensor:
+        hp = self.hp
+        if hp.evaluation == "train":
+            return super().personalize(ctx, payload, state)
+        w = payload["params"]
+        g, _ = grad(ctx.loss, w, ctx.test_batch(hp.batch_size))
+        w = w - hp.personalization_lr * g
+        g, _ = grad(ctx.loss, w, ctx.batch(hp.batch_size))
+        return w - hp.local_lr * g
