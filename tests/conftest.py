@@ -4,11 +4,23 @@ from __future__ import annotations
 
 import copy
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# Decoded image datasets are cached per node (fedsweep.data.vision.cache_dir); the tests' tiny files go to a
+# cache of their own, set before any Ray instance starts so that every actor sees it too.
+_OWN_CACHE = None if "FEDSWEEP_CACHE_DIR" in os.environ else tempfile.mkdtemp(prefix="fedsweep-test-cache-")
+os.environ.setdefault("FEDSWEEP_CACHE_DIR", _OWN_CACHE or "")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _OWN_CACHE:
+        shutil.rmtree(_OWN_CACHE, ignore_errors=True)
 
 # A small but complete experiment (digits, 3 clients); tests override fields of a deep copy.
 BASE = {

@@ -69,3 +69,20 @@ def test_cluster_grid_is_the_file_the_readme_submits():
     sweep = load_sweep(ROOT / "sweeps" / "cifar_grid.yaml")
     assert sweep.trials[0].config.resources.ray_address == "auto"
     assert "-- sweeps/cifar_grid.yaml" in (ROOT / "README.md").read_text()
+
+
+def test_the_cpu_check_of_the_cluster_grid_differs_from_it_only_where_it_says():
+    """sweeps/cifar_grid_cpu_check.yaml is the cluster grid scaled down for one CPU machine: same data, model
+    and algorithm settings (each of its values one of the grid's), fewer rounds, trials and resources."""
+    big = yaml.safe_load((ROOT / "sweeps" / "cifar_grid.yaml").read_text())
+    small = yaml.safe_load((ROOT / "sweeps" / "cifar_grid_cpu_check.yaml").read_text())
+    assert small["data"] == big["data"] and small["model"] == big["model"]
+    assert (small["rounds"], small["eval_every"], small["sweep"]["seeds"]) == (6, 3, [0])
+    assert "ray_address" not in small["resources"] and not small["resources"].get("client_gpus")
+    for entry in small["algorithm"]["grid"]:
+        [source] = [e for e in big["algorithm"]["grid"] if e["name"] == entry["name"]]
+        assert set(entry) == set(source), entry["name"]
+        for key, value in entry.items():
+            allowed = source[key]["grid"] if isinstance(source[key], dict) else [source[key]]
+            assert value in allowed, (entry["name"], key, value, allowed)
+    assert load_sweep(ROOT / "sweeps" / "cifar_grid_cpu_check.yaml", check_cluster=False).trials

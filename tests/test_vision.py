@@ -7,6 +7,8 @@ import gzip
 import os
 import pickle
 import struct
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -28,14 +30,14 @@ def write_idx(path, array: np.ndarray, gz: bool) -> None:
         path.write_bytes(raw)
 
 
-def make_mnist(root, per_class_train=12, per_class_test=4, seed=0):
+def make_mnist(root, per_class_train=12, per_class_test=4, seed=0, folder="MNIST/raw"):
     rng = np.random.default_rng(seed)
     out = {}
     for split, per, gz in (("train", per_class_train, True), ("t10k", per_class_test, False)):
         y = np.repeat(np.arange(10), per).astype(np.uint8)
         x = rng.integers(0, 256, size=(len(y), 28, 28), dtype=np.uint8)
-        write_idx(root / "MNIST/raw" / f"{split}-images-idx3-ubyte", x, gz)
-        write_idx(root / "MNIST/raw" / f"{split}-labels-idx1-ubyte", y, gz)
+        write_idx(root / folder / f"{split}-images-idx3-ubyte", x, gz)
+        write_idx(root / folder / f"{split}-labels-idx1-ubyte", y, gz)
         out[split] = (x, y)
     return out
 
@@ -174,3 +176,72 @@ def test_image_config_errors_name_the_field():
         validate(config_dict(data={"_replace": True, "dataset": "mnist", "partition": {"name": "bogus"}}))
     with pytest.raises(ConfigError, match="model.kernel_size=5 is too large"):
         validate(config_dict(model={"_replace": True, "name": "cnn"}))
+
+
+# ------------------------------------------------------------------ decoded once per node
+
+
+def _cache_entries(name):
+    return sorted(vision.cache_dir().glob(f"{name}-*"))
+
+
+def test_a_dataset_is_decoded_once_per_node_and_later_processes_map_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDSWEEP_CACHE_DIR", str(tmp_path / "cache"))
+    data = make_mnist(tmp_path / "root")
+    first = vision.load_uint8("mnist", tmp_path / "root")
+    assert first[0].dtype == np.uint8 and np.array_equal(first[0], data["train"][0].reshape(120, -1))
+    [entry] = _cache_entries("mnist")
+    assert sorted(p.name for p in entry.iterdir()) == ["x_test.npy", "x_train.npy", "y_test.npy", "y_train.npy"]
+    # another process on the node: decoding is made to fail there, so it can only have read the cache
+    code = (
+        "import sys, numpy as np; from pathlib import Path; from fedsweep.data import vision\n"
+        "vision._decode = lambda *a: sys.exit('decoded again')\n"
+        "arrays = vision.load_uint8('mnist', Path(sys.argv[1]))\n"
+        "assert all(isinstance(a, np.memmap) for a in arrays)\n"
+        "np.save(sys.argv[2], arrays[0][:7])\n"
+    )
+    env = {**os.environ, "FEDSWEEP_CACHE_DIR": str(tmp_path / "cache")}
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "root"), str(tmp_path / "seen.npy")],
+                         env=env, capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr
+    assert np.array_equal(np.load(tmp_path / "seen.npy"), first[0][:7])
+    # the float shards are the same whether the images came from the files or from the cache
+    assert np.array_equal(vision.load("mnist", tmp_path / "root")[0], first[0].astype(np.float32) / 255.0)
+
+
+def test_a_changed_source_file_gets_a_new_cache_entry_and_no_cache_still_loads(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDSWEEP_CACHE_DIR", str(tmp_path / "cache"))
+    make_mnist(tmp_path / "root")
+    vision.load_uint8("mnist", tmp_path / "root")
+    data = make_mnist(tmp_path / "root", per_class_train=13, seed=1)  # same paths, new content
+    x_tr, y_tr, _, _ = vision.load_uint8("mnist", tmp_path / "root")
+    assert len(_cache_entries("mnist")) == 2 and np.array_equal(x_tr, data["train"][0].reshape(130, -1))
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("a file where the cache folder would be")
+    monkeypatch.setenv("FEDSWEEP_CACHE_DIR", str(blocked / "cache"))
+    x_tr2, y_tr2, _, _ = vision.load_uint8("mnist", tmp_path / "root")  # cannot cache: decodes, says nothing
+    assert np.array_equal(x_tr2, x_tr) and np.array_equal(y_tr2, y_tr)
+
+
+# ------------------------------------------------------------------ Fashion-MNIST
+
+
+def test_fashion_mnist_from_the_data_root_or_the_debian_package_folder(tmp_path, monkeypatch):
+    data = make_mnist(tmp_path / "root", per_class_train=40, per_class_test=12, folder="FashionMNIST/raw", seed=5)
+    cfg = ImageConfig(dataset="fashion_mnist", root=str(tmp_path / "root"), num_clients=4,
+                      partition={"name": "perfedavg", "a": 4, "test_images_per_class": 2})
+    ds = build_federated_dataset(cfg)
+    assert (ds.num_features, ds.num_classes, len(ds.clients)) == (784, 10, 4)
+    assert np.array_equal(vision.load_uint8("fashion_mnist", tmp_path / "root")[1], data["train"][1])
+    # Debian's dataset-fashion-mnist puts the four files in one flat folder
+    debian = tmp_path / "usr-share-datasets-fashion-mnist"
+    make_mnist(debian, per_class_train=40, per_class_test=12, folder=".", seed=5)
+    monkeypatch.setitem(vision.SYSTEM_FOLDERS, "fashion_mnist", [debian])
+    empty = tmp_path / "empty-root"
+    empty.mkdir()
+    assert vision.dataset_folder("fashion_mnist", empty) == debian
+    assert np.array_equal(vision.load_uint8("fashion_mnist", empty)[0], vision.load_uint8("fashion_mnist", tmp_path / "root")[0])
+    monkeypatch.setitem(vision.SYSTEM_FOLDERS, "fashion_mnist", [tmp_path / "absent"])
+    with pytest.raises(FileNotFoundError) as e:
+        vision.load_uint8("fashion_mnist", empty)
+    assert "FashionMNIST/raw/train-images-idx3-ubyte" in str(e.value) and str(tmp_path / "absent") in str(e.value)

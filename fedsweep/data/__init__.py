@@ -1,5 +1,5 @@
-"""Federated datasets: the embedded defaults (Synthetic(ᾱ, β̄) and scikit-learn's digits), MNIST and
-CIFAR-10/100 from local files, and the named splits of the papers."""
+"""Federated datasets: the embedded defaults (Synthetic(ᾱ, β̄) and scikit-learn's digits), MNIST,
+Fashion-MNIST and CIFAR-10/100 from local files, and the named splits of the papers."""
 
 from __future__ import annotations
 
@@ -152,13 +152,14 @@ class DigitsConfig(StrictModel):
 
 
 class ImageConfig(StrictModel):
-    """MNIST, CIFAR-10 or CIFAR-100 read from ``root`` (torchvision's layout), split by ``partition``.
+    """MNIST, Fashion-MNIST, CIFAR-10 or CIFAR-100 read from ``root`` (torchvision's layout; Fashion-MNIST
+    also from Debian's ``dataset-fashion-mnist``), split by ``partition``.
 
     ``perfedavg``, ``acid`` and ``alid`` split the official train and test pools; the other splits
     pool both and give each client its own ``test_fraction`` (pFedMe's 75/25).
     """
 
-    dataset: Literal["mnist", "cifar10", "cifar100"]
+    dataset: Literal["mnist", "fashion_mnist", "cifar10", "cifar100"]
     root: str | None = Field(None, description="Folder holding the files; null = $FEDSWEEP_DATA_DIR, else ./data")
     download: bool = Field(False, description="Fetch missing files with torchvision (vision extra, internet)")
     num_clients: int = Field(50, ge=1)
@@ -176,14 +177,14 @@ class ImageConfig(StrictModel):
         if k > classes:
             raise ValueError(f"partition: {k} classes per client exceeds the {classes} classes of {self.dataset}")
         if isinstance(p, PerFedAvgPartition) and classes != 10:
-            raise ValueError("partition.name=perfedavg needs classes 0-9 (mnist or cifar10)")
+            raise ValueError("partition.name=perfedavg needs classes 0-9 (mnist, fashion_mnist or cifar10)")
         return self
 
 
 DataConfig = Annotated[SyntheticConfig | DigitsConfig | ImageConfig, Field(discriminator="dataset")]
 
 
-IMAGE_FEATURES = {"mnist": 28 * 28, "cifar10": 3 * 32 * 32, "cifar100": 3 * 32 * 32}
+IMAGE_FEATURES = {"mnist": 28 * 28, "fashion_mnist": 28 * 28, "cifar10": 3 * 32 * 32, "cifar100": 3 * 32 * 32}
 
 
 def input_features(cfg: SyntheticConfig | DigitsConfig | ImageConfig) -> int:
@@ -227,7 +228,8 @@ def _split_pooled(cfg: DigitsConfig | ImageConfig, labels: np.ndarray) -> list[n
 
 @lru_cache(maxsize=2)
 def _images(name: str, root: str, download: bool):
-    return vision.load(name, Path(root), download)
+    """uint8 images, decoded once per node (:func:`vision.load_uint8`); each shard is made float on its own."""
+    return vision.load_uint8(name, Path(root), download)
 
 
 def _image_clients(cfg: ImageConfig) -> tuple[list[ClientData], int, int]:
@@ -246,7 +248,8 @@ def _image_clients(cfg: ImageConfig) -> tuple[list[ClientData], int, int]:
         for i, (tr, te) in enumerate(split):
             relabel = (lambda y, perm=perms[i]: perm[y]) if perms is not None else (lambda y: y)
             t = torch.from_numpy
-            clients.append(ClientData(t(x_tr[tr]), t(relabel(y_tr[tr])), t(x_te[te]), t(relabel(y_te[te]))))
+            clients.append(ClientData(t(vision.to_float(x_tr[tr])), t(relabel(y_tr[tr])),
+                                      t(vision.to_float(x_te[te])), t(relabel(y_te[te]))))
         return clients, x_tr.shape[1], num_classes
     x, y = np.concatenate([x_tr, x_te]), np.concatenate([y_tr, y_te])
     split_rng = np.random.default_rng([cfg.seed, 2])
@@ -263,8 +266,10 @@ def _image_clients(cfg: ImageConfig) -> tuple[list[ClientData], int, int]:
 
 
 def _client(x: np.ndarray, y: np.ndarray, train: np.ndarray, test: np.ndarray) -> ClientData:
+    """One client's shard; uint8 images become float32 in [0, 1] here, shard by shard."""
     t = torch.from_numpy
-    return ClientData(t(x[train]), t(y[train]), t(x[test]), t(y[test]))
+    cast = vision.to_float if x.dtype == np.uint8 else np.asarray
+    return ClientData(t(cast(x[train])), t(y[train]), t(cast(x[test])), t(y[test]))
 
 
 def build_federated_dataset(cfg: SyntheticConfig | DigitsConfig | ImageConfig) -> FederatedDataset:

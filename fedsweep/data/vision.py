@@ -1,18 +1,27 @@
-"""MNIST, CIFAR-10 and CIFAR-100 from their files on disk, in the layout torchvision's dataset classes
-download to (``MNIST/raw/*-idx?-ubyte[.gz]``, ``cifar-10-batches-py/``, ``cifar-100-python/``).
+"""MNIST, Fashion-MNIST, CIFAR-10 and CIFAR-100 from their files on disk, in the layout torchvision's
+dataset classes download to (``MNIST/raw/*-idx?-ubyte[.gz]``, ``FashionMNIST/raw/``,
+``cifar-10-batches-py/``, ``cifar-100-python/``); Fashion-MNIST also from Debian's
+``dataset-fashion-mnist`` package (:data:`SYSTEM_FOLDERS`).
 
 The readers need no torchvision: they parse the IDX format and the CIFAR "python version" batches
 directly, the latter with an unpickler that admits only NumPy array reconstruction (the batches are
 pickles; a general ``pickle.load`` of a file would run whatever it names). torchvision is used
 only to download the files (``download: true``, the ``vision`` extra, a machine with internet).
+
+Once per node: the first process that reads a dataset writes its decoded uint8 arrays to a node-local
+cache (:func:`cache_dir`) as ``.npy`` files, atomically; every later process on the node (each
+ServerActor, the driver's checks) maps those files read-only instead of decompressing and unpickling
+again, so the pages are shared and only the shards a process uses are converted to float.
 """
 
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import os
 import pickle
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +41,18 @@ LAYOUT = {
         "CIFAR10",
     ),
     "cifar100": ("cifar-100-python", ["train"], ["test"], "CIFAR100"),
+    "fashion_mnist": (
+        "FashionMNIST/raw",
+        ["train-images-idx3-ubyte", "train-labels-idx1-ubyte"],
+        ["t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"],
+        "FashionMNIST",
+    ),
 }
+IDX_DATASETS = ("mnist", "fashion_mnist")
+
+#: Where a system package puts a dataset's files, looked at when the data root does not hold them
+#: (Debian: ``apt-get install dataset-fashion-mnist``).
+SYSTEM_FOLDERS = {"fashion_mnist": [Path("/usr/share/datasets/fashion-mnist")]}
 
 _IDX_TYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 
@@ -82,10 +102,22 @@ def data_root(configured: str | None) -> Path:
     return Path(configured or os.environ.get("FEDSWEEP_DATA_DIR") or "data").expanduser().resolve()
 
 
-def missing_files(name: str, root: Path) -> list[Path]:
-    sub, train, test, _ = LAYOUT[name]
-    folder = root / sub
+def _missing_in(name: str, folder: Path) -> list[Path]:
+    _, train, test, _ = LAYOUT[name]
     return [folder / f for f in train + test if not (folder / f).exists() and not (folder / f"{f}.gz").exists()]
+
+
+def dataset_folder(name: str, root: Path) -> Path:
+    """The folder holding the files: ``root``'s torchvision layout, else a system package's folder that has
+    them all, else ``root``'s layout (which then lacks files)."""
+    own = root / LAYOUT[name][0]
+    if not _missing_in(name, own):
+        return own
+    return next((f for f in SYSTEM_FOLDERS.get(name, []) if not _missing_in(name, f)), own)
+
+
+def missing_files(name: str, root: Path) -> list[Path]:
+    return _missing_in(name, dataset_folder(name, root))
 
 
 def download(name: str, root: Path) -> None:
@@ -101,27 +133,24 @@ def download(name: str, root: Path) -> None:
         cls(str(root), train=train, download=True)
 
 
-def load(name: str, root: Path, allow_download: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(x_train, y_train, x_test, y_test): images as float32 in [0, 1], flattened channel-major; int64 labels."""
-    if missing_files(name, root) and allow_download:
-        download(name, root)
-    absent = missing_files(name, root)
-    if absent:
-        raise FileNotFoundError(
-            f"data.root: {name} files not found under {root}: expected "
-            + ", ".join(str(p.relative_to(root)) for p in absent)
-            + " (set data.root or FEDSWEEP_DATA_DIR to the folder that holds them, or data.download: true)"
-        )
-    sub, train, test, _ = LAYOUT[name]
-    folder = root / sub
+def cache_dir() -> Path:
+    """``$FEDSWEEP_CACHE_DIR``, else ``$XDG_CACHE_HOME/fedsweep``, else ``~/.cache/fedsweep``: local to the node."""
+    configured = os.environ.get("FEDSWEEP_CACHE_DIR")
+    if configured:
+        return Path(configured).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fedsweep"
+
+
+def _decode(name: str, folder: Path) -> dict[str, np.ndarray]:
+    """Decompress or unpickle the files: images as uint8 (N × features, channel-major), int64 labels."""
+    _, train, test, _ = LAYOUT[name]
 
     def path(f: str) -> Path:
         return folder / f if (folder / f).exists() else folder / f"{f}.gz"
 
-    if name == "mnist":
+    if name in IDX_DATASETS:
         parts = [read_idx(path(f)) for f in train + test]
-        images = [parts[0], parts[2]]
-        labels = [parts[1], parts[3]]
+        images, labels = [parts[0], parts[2]], [parts[1], parts[3]]
     else:
         key = "labels" if name == "cifar10" else "fine_labels"
         images, labels = [], []
@@ -129,6 +158,64 @@ def load(name: str, root: Path, allow_download: bool = False) -> tuple[np.ndarra
             batches = [read_cifar_batch(path(f)) for f in files]
             images.append(np.concatenate([np.asarray(b["data"], dtype=np.uint8) for b in batches]))
             labels.append(np.concatenate([np.asarray(b[key]) for b in batches]))
-    x_train, x_test = (im.reshape(len(im), -1).astype(np.float32) / 255.0 for im in images)
+    x_train, x_test = (np.ascontiguousarray(im.reshape(len(im), -1), dtype=np.uint8) for im in images)
     y_train, y_test = (np.asarray(y, dtype=np.int64) for y in labels)
-    return x_train, y_train, x_test, y_test
+    return {"x_train": x_train, "y_train": y_train, "x_test": x_test, "y_test": y_test}
+
+
+def _source_key(name: str, folder: Path) -> str:
+    """Identity of the source files (path, size, modification time): a changed file gets a new cache entry."""
+    _, train, test, _ = LAYOUT[name]
+    h = hashlib.sha1(name.encode())
+    for f in train + test:
+        p = folder / f if (folder / f).exists() else folder / f"{f}.gz"
+        st = p.stat()
+        h.update(f"{p.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:16]
+
+
+def load_uint8(name: str, root: Path, allow_download: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(x_train, y_train, x_test, y_test) with uint8 images, decoded once per node: read-only memory maps of
+    the node's cache when it has them, else decoded from the files and written there for the next process
+    (a process that cannot write the cache keeps its decoded arrays and says nothing)."""
+    if missing_files(name, root) and allow_download:
+        download(name, root)
+    absent = missing_files(name, root)
+    if absent:
+        raise FileNotFoundError(
+            f"data.root: {name} files not found under {root}: expected "
+            + ", ".join(str(p.relative_to(root)) for p in absent)
+            + " (set data.root or FEDSWEEP_DATA_DIR to the folder that holds them, or data.download: true"
+            + "".join(f"; or install the files at {f}" for f in SYSTEM_FOLDERS.get(name, []))
+            + ")"
+        )
+    folder = dataset_folder(name, root)
+    entry = cache_dir() / f"{name}-{_source_key(name, folder)}"
+    keys = ("x_train", "y_train", "x_test", "y_test")
+    if all((entry / f"{k}.npy").exists() for k in keys):
+        try:
+            return tuple(np.load(entry / f"{k}.npy", mmap_mode="r") for k in keys)  # type: ignore[return-value]
+        except (OSError, ValueError):
+            pass  # a damaged entry: decode again and replace it
+    arrays = _decode(name, folder)
+    try:
+        entry.mkdir(parents=True, exist_ok=True)
+        for k in keys:
+            # write beside, then rename: a process reading the entry never sees a half-written file
+            with tempfile.NamedTemporaryFile(dir=entry, suffix=".tmp", delete=False) as f:
+                np.save(f, arrays[k])
+            os.replace(f.name, entry / f"{k}.npy")
+    except OSError:
+        pass
+    return tuple(arrays[k] for k in keys)  # type: ignore[return-value]
+
+
+def to_float(images: np.ndarray) -> np.ndarray:
+    """uint8 images as float32 in [0, 1]."""
+    return np.asarray(images, dtype=np.float32) / 255.0
+
+
+def load(name: str, root: Path, allow_download: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(x_train, y_train, x_test, y_test): images as float32 in [0, 1], flattened channel-major; int64 labels."""
+    x_train, y_train, x_test, y_test = load_uint8(name, root, allow_download)
+    return to_float(x_train), np.asarray(y_train), to_float(x_test), np.asarray(y_test)
