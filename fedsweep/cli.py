@@ -6,8 +6,10 @@ Exit codes: 0 success, 1 a run or trial failed, 2 bad input (nothing was started
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 from fedsweep.config import ConfigError
 
@@ -230,6 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if os.environ.get("FEDSWEEP_DATA_DIR"):
+        # relative to where the command was typed, for every process it starts (actors may run elsewhere)
+        os.environ["FEDSWEEP_DATA_DIR"] = str(Path(os.environ["FEDSWEEP_DATA_DIR"]).expanduser().resolve())
     try:
         return args.func(args)
     except ConfigError as e:

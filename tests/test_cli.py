@@ -61,8 +61,9 @@ def fedsweep_main_batch(invocations: dict[str, tuple[list[str], Path]], timeout=
 
 
 def test_validate_ok_on_shipped_sweeps(tmp_path, full_size_image_root):
-    # The MNIST/CIFAR protocols check their files and splits at validation: give them full-size stand-ins.
-    env = {"FEDSWEEP_DATA_DIR": str(full_size_image_root)}
+    # The MNIST/CIFAR protocols check their files and splits at validation: give them full-size stand-ins,
+    # named relative to the folder the command is typed in (as FEDSWEEP_DATA_DIR=../shared/data is).
+    env = {"FEDSWEEP_DATA_DIR": os.path.relpath(full_size_image_root, tmp_path)}
     files = [str(f) for f in sorted((ROOT / "sweeps").glob("*.yaml"))]
     r = fedsweep("validate", *files, cwd=tmp_path, env_extra=env)  # all in one call
     assert r.returncode == 0, r.stderr
