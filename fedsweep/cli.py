@@ -155,7 +155,10 @@ def cmd_algorithms(args) -> int:
     print("| algorithm | parameter | aliases | default | constraints | meaning |")
     print("|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['algorithm']} | {r['parameter']} | {r['aliases']} | {r['default']} | {r['constraints']} | {r['description']} |")
+        name = r["algorithm"] + (" †" if r["provenance"] else "")
+        print(f"| {name} | {r['parameter']} | {r['aliases']} | {r['default']} | {r['constraints']} | {r['description']} |")
+    for name, provenance in dict.fromkeys((r["algorithm"], r["provenance"]) for r in rows if r["provenance"]):
+        print(f"\n† {name}: {provenance}.")
     return 0
 
 

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fedsweep.algorithms import ALGORITHMS
 from fedsweep.config import ExperimentConfig, format_value
 
 TAG_PREFIX = "fedsweep."
@@ -108,6 +109,7 @@ class RunLogger:
             f"{TAG_PREFIX}setting_label": setting_label(overrides or {}),
             f"{TAG_PREFIX}seed": str(cfg.seed),
             **({LEAK_TAG: LEAK_VALUE} if cfg.algorithm.leaks_test_data else {}),
+            **({f"{TAG_PREFIX}provenance": provenance} if (provenance := ALGORITHMS[cfg.algorithm.name].provenance) else {}),
             **(tags or {}),
         }
         if parent_run_id:

@@ -156,10 +156,11 @@ def test_pipelined_rounds_wait_for_a_checkpoint(ray_session):
         ({"name": "scaffold", "local_lr": 0.1}, 1),
         ({"name": "scaffold", "local_lr": 0.1}, 3),
         ({"name": "pfldyn", "local_lr": 0.1, "regularization": 0.1, "transform": "maml", "personalization_lr": 0.05}, 1),
+        ({"name": "feddeper", "local_lr": 0.1, "personalization_lr": 0.05}, 3),
     ],
 )
 def test_unsampled_clients_keep_their_state(ray_session, algorithm, clients_per_actor):
-    """Client state (c_i or g_i) lives in the client actor and changes only in rounds the client is sampled,
+    """Client state (c_i, g_i or FedDeper's y_i) lives in the client actor and changes only in rounds the client is sampled,
     also when the actor hosts several clients and some of them are sampled."""
     from fedsweep.federation import Server
 

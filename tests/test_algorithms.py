@@ -286,6 +286,7 @@ SETTINGS = {
     "scaffold": {"name": "scaffold"},
     "feddyn": {"name": "feddyn", "regularization": 0.01},
     "ditto": {"name": "ditto", "personalization_lr": 0.05, "coupling": 0.1},
+    "feddeper": {"name": "feddeper", "personalization_lr": 0.05},
 }
 
 

@@ -59,6 +59,7 @@ VECTORIZABLE = {
     "pfedme": {"name": "pfedme", "personalization_lr": 0.05, "coupling": 15, "server_mixing": 1.5, "inner_steps": 3},
     "fedprox": {"name": "fedprox", "mu": 0.1},
     "ditto": {"name": "ditto", "personalization_lr": 0.05, "coupling": 0.1},
+    "feddeper": {"name": "feddeper", "personalization_lr": 0.05, "coupling": 0.1},
     "scaffold": {"name": "scaffold"},
     "feddyn": {"name": "feddyn", "regularization": 0.01},
     "pfldyn_maml": {"name": "pfldyn", "transform": "maml", "personalization_lr": 0.05},

@@ -7,6 +7,7 @@ from typing import Literal, get_args, get_origin
 from fedsweep.algorithms.base import Algorithm, HyperParameters
 from fedsweep.algorithms.ditto import Ditto
 from fedsweep.algorithms.fedavg import FedAvg
+from fedsweep.algorithms.feddeper import FedDeper
 from fedsweep.algorithms.feddyn import FedDyn
 from fedsweep.algorithms.fedprox import FedProx
 from fedsweep.algorithms.pavg import PAvg
@@ -18,7 +19,7 @@ from fedsweep.algorithms.scaffold import Scaffold
 from fedsweep.schema import names_of
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
-    cls.name: cls for cls in (FedAvg, PerFedAvg, PFedMe, PFLDyn, PFLScaf, PAvg, FedProx, Scaffold, FedDyn, Ditto)
+    cls.name: cls for cls in (FedAvg, PerFedAvg, PFedMe, PFLDyn, PFLScaf, PAvg, FedDeper, FedProx, Scaffold, FedDyn, Ditto)
 }
 
 
@@ -43,6 +44,7 @@ def describe_algorithms() -> list[dict]:
             rows.append(
                 {
                     "algorithm": name,
+                    "provenance": cls.provenance or "",
                     "parameter": field_name,
                     "aliases": ", ".join(aliases),
                     "default": info.default,

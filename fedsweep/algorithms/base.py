@@ -216,6 +216,10 @@ class Algorithm(ABC):
     #: moves), but only the sampled clients' messages are aggregated.
     trains_all_clients: ClassVar[bool] = False
 
+    #: Where the update rules come from when not from the paper's own equations (shown by `fedsweep
+    #: algorithms`, tagged ``fedsweep.provenance`` on every MLflow run); None = the paper's equations.
+    provenance: str | None = None
+
     def __init__(self, params: HyperParameters):
         self.hp = params
 
