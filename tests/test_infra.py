@@ -77,7 +77,7 @@ def test_the_cpu_check_of_the_cluster_grid_differs_from_it_only_where_it_says():
     big = yaml.safe_load((ROOT / "sweeps" / "cifar_grid.yaml").read_text())
     small = yaml.safe_load((ROOT / "sweeps" / "cifar_grid_cpu_check.yaml").read_text())
     assert small["data"] == big["data"] and small["model"] == big["model"]
-    assert (small["rounds"], small["eval_every"], small["sweep"]["seeds"]) == (6, 3, [0])
+    assert (small["rounds"], small["eval_every"], small["sweep"]["seeds"]) == (12, 6, [0])
     assert "ray_address" not in small["resources"] and not small["resources"].get("client_gpus")
     for entry in small["algorithm"]["grid"]:
         [source] = [e for e in big["algorithm"]["grid"] if e["name"] == entry["name"]]
