@@ -23,11 +23,17 @@ ROUNDS = 4
 
 
 def busy_actor(deadline: float, title: str = "ray::ClientActor.train") -> psutil.Process:
-    """An actor process caught inside a call: Ray titles it ``ray::Class.method`` while it runs one."""
+    """An actor process of this test session's Ray instance (a descendant of this process: its raylet is
+    our child), caught inside a call: Ray titles it ``ray::Class.method`` while it runs one. Actors of
+    any other Ray instance on the machine (a sweep someone is running) are never touched."""
+    me = psutil.Process()
     while time.time() < deadline:
-        for p in psutil.process_iter(["cmdline"]):
-            if (p.info["cmdline"] or [""])[0].startswith(title):
-                return p
+        for p in me.children(recursive=True):
+            try:
+                if (p.cmdline() or [""])[0].startswith(title):
+                    return p
+            except psutil.Error:  # gone meanwhile
+                continue
         time.sleep(0.02)
     raise AssertionError(f"no process titled {title} was seen")
 
