@@ -16,7 +16,6 @@ from fedsweep.cli import main
 from fedsweep.config import validate
 from fedsweep.federation import compute_threads, local_federation, run_local
 from fedsweep.tracking import TAG_PREFIX, RunLogger, client, ensure_experiment
-from tests.conftest import config_dict
 
 
 def synthetic(algorithm: dict, rounds: int = 3):
