@@ -14,8 +14,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Decoded image datasets are cached per node (fedsweep.data.vision.cache_dir); the tests' tiny files go to a
 # cache of their own, set before any Ray instance starts so that every actor sees it too.
-_OWN_CACHE = None if "FEDSWEEP_CACHE_DIR" in os.environ else tempfile.mkdtemp(prefix="fedsweep-test-cache-")
-os.environ.setdefault("FEDSWEEP_CACHE_DIR", _OWN_CACHE or "")
+_OWN_CACHE = None
+if "FEDSWEEP_CACHE_DIR" not in os.environ:
+    _OWN_CACHE = os.environ["FEDSWEEP_CACHE_DIR"] = tempfile.mkdtemp(prefix="fedsweep-test-cache-")
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -102,9 +102,14 @@ def data_root(configured: str | None) -> Path:
     return Path(configured or os.environ.get("FEDSWEEP_DATA_DIR") or "data").expanduser().resolve()
 
 
+def _file(folder: Path, name: str) -> Path:
+    """A dataset file as it lies in ``folder``: plain, else gzipped (which may not exist either)."""
+    return folder / name if (folder / name).exists() else folder / f"{name}.gz"
+
+
 def _missing_in(name: str, folder: Path) -> list[Path]:
     _, train, test, _ = LAYOUT[name]
-    return [folder / f for f in train + test if not (folder / f).exists() and not (folder / f"{f}.gz").exists()]
+    return [folder / f for f in train + test if not _file(folder, f).exists()]
 
 
 def dataset_folder(name: str, root: Path) -> Path:
@@ -114,10 +119,6 @@ def dataset_folder(name: str, root: Path) -> Path:
     if not _missing_in(name, own):
         return own
     return next((f for f in SYSTEM_FOLDERS.get(name, []) if not _missing_in(name, f)), own)
-
-
-def missing_files(name: str, root: Path) -> list[Path]:
-    return _missing_in(name, dataset_folder(name, root))
 
 
 def download(name: str, root: Path) -> None:
@@ -144,18 +145,14 @@ def cache_dir() -> Path:
 def _decode(name: str, folder: Path) -> dict[str, np.ndarray]:
     """Decompress or unpickle the files: images as uint8 (N × features, channel-major), int64 labels."""
     _, train, test, _ = LAYOUT[name]
-
-    def path(f: str) -> Path:
-        return folder / f if (folder / f).exists() else folder / f"{f}.gz"
-
     if name in IDX_DATASETS:
-        parts = [read_idx(path(f)) for f in train + test]
+        parts = [read_idx(_file(folder, f)) for f in train + test]
         images, labels = [parts[0], parts[2]], [parts[1], parts[3]]
     else:
         key = "labels" if name == "cifar10" else "fine_labels"
         images, labels = [], []
         for files in (train, test):
-            batches = [read_cifar_batch(path(f)) for f in files]
+            batches = [read_cifar_batch(_file(folder, f)) for f in files]
             images.append(np.concatenate([np.asarray(b["data"], dtype=np.uint8) for b in batches]))
             labels.append(np.concatenate([np.asarray(b[key]) for b in batches]))
     x_train, x_test = (np.ascontiguousarray(im.reshape(len(im), -1), dtype=np.uint8) for im in images)
@@ -168,7 +165,7 @@ def _source_key(name: str, folder: Path) -> str:
     _, train, test, _ = LAYOUT[name]
     h = hashlib.sha1(name.encode())
     for f in train + test:
-        p = folder / f if (folder / f).exists() else folder / f"{f}.gz"
+        p = _file(folder, f)
         st = p.stat()
         h.update(f"{p.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode())
     return h.hexdigest()[:16]
@@ -178,9 +175,11 @@ def load_uint8(name: str, root: Path, allow_download: bool = False) -> tuple[np.
     """(x_train, y_train, x_test, y_test) with uint8 images, decoded once per node: read-only memory maps of
     the node's cache when it has them, else decoded from the files and written there for the next process
     (a process that cannot write the cache keeps its decoded arrays and says nothing)."""
-    if missing_files(name, root) and allow_download:
+    folder = dataset_folder(name, root)
+    if _missing_in(name, folder) and allow_download:
         download(name, root)
-    absent = missing_files(name, root)
+        folder = dataset_folder(name, root)
+    absent = _missing_in(name, folder)
     if absent:
         raise FileNotFoundError(
             f"data.root: {name} files not found under {root}: expected "
@@ -189,7 +188,6 @@ def load_uint8(name: str, root: Path, allow_download: bool = False) -> tuple[np.
             + "".join(f"; or install the files at {f}" for f in SYSTEM_FOLDERS.get(name, []))
             + ")"
         )
-    folder = dataset_folder(name, root)
     entry = cache_dir() / f"{name}-{_source_key(name, folder)}"
     keys = ("x_train", "y_train", "x_test", "y_test")
     if all((entry / f"{k}.npy").exists() for k in keys):
