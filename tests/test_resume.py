@@ -37,19 +37,26 @@ def children(uri: str, view: str = "ACTIVE_ONLY"):
     return [r for r in runs if "mlflow.parentRunId" in r.data.tags]
 
 
-def kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL the driver's whole process group: the driver, and the Ray instance it started."""
-    group = [p for p in psutil.process_iter() if _pgid(p) == proc.pid]
-    os.killpg(proc.pid, signal.SIGKILL)
+def kill_session(proc: subprocess.Popen) -> None:
+    """SIGKILL every process of the driver's session at once, as a machine restart would: the driver, the
+    Ray instance it started and Ray's workers. The workers lead process groups of their own, so a kill of
+    the driver's group alone left trials running on; they finished their MLflow runs, and on a fast
+    machine no trial was left mid-run."""
+    while session := [p for p in psutil.process_iter() if _alive_in_session(p, proc.pid)]:
+        for p in session:  # again while any is left: one may have been started between listing and killing
+            try:
+                p.send_signal(signal.SIGKILL)
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(session, timeout=30)
     proc.wait(timeout=60)
-    psutil.wait_procs(group, timeout=30)
 
 
-def _pgid(p: psutil.Process) -> int | None:
+def _alive_in_session(p: psutil.Process, session_id: int) -> bool:
     try:
-        return os.getpgid(p.pid)
+        return os.getsid(p.pid) == session_id and p.status() != psutil.STATUS_ZOMBIE
     except (ProcessLookupError, psutil.Error):
-        return None
+        return False
 
 
 def test_killed_sweep_resumes_without_rerunning_or_duplicating(tmp_path):
@@ -81,7 +88,7 @@ def test_killed_sweep_resumes_without_rerunning_or_duplicating(tmp_path):
     while not progressed(children(uri)):
         assert driver.poll() is None and time.time() < deadline, "the sweep ended or stalled before it could be killed"
         time.sleep(0.5)
-    kill_group(driver)
+    kill_session(driver)
     before = children(uri)
     finished_before = {x.info.run_id: x.info.end_time for x in before if x.info.status == "FINISHED"}
     assert 2 <= len(finished_before) < TRIALS
