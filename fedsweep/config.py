@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args
 
-import yaml
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
+from fedsweep import config_file
 from fedsweep.algorithms import ALGORITHMS
-from fedsweep.data import DataConfig, SyntheticConfig, input_features
-from fedsweep.models import MLPConfig, ModelConfig, build_model
+from fedsweep.data import DataConfig, SyntheticConfig, input_features, num_classes
+from fedsweep.models import MLPConfig, ModelConfig, parameter_count
 from fedsweep.schema import StrictModel, names_of
 
 _PARAMS = tuple(cls.Params for cls in ALGORITHMS.values())
@@ -47,6 +47,15 @@ METRICS = (
     "global_loss",
     "train_loss",
 )
+
+
+#: Ray counts resources in units of 0.0001 (``ray._raylet.RESOURCE_UNIT_SCALING``); a smaller fraction is refused.
+RESOURCE_UNIT = 1e-4
+#: The largest seed every random generator fedsweep seeds accepts (numpy's legacy bound; torch takes 64 bits).
+MAX_SEED = 2**32 - 1
+Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
+#: 'auto', 'local', host:port or ray://host:port.
+RAY_ADDRESS_PATTERN = r"^(auto|local|(ray://)?[A-Za-z0-9._\-]+:[0-9]{1,5})$"
 
 
 class ResourcesConfig(StrictModel):
@@ -84,12 +93,16 @@ class ResourcesConfig(StrictModel):
         "their stacked parameters) instead of one after the other; same samples, same numbers up to "
         "floating-point summation order. Not for the proto transform (pavg, pfldyn/pflscaf with transform: proto).",
     )
-    cluster_cpus: float | None = Field(
-        None, gt=0, description="CPUs of the local Ray instance to start; null = all cores of this machine."
+    cluster_cpus: int | None = Field(
+        None, ge=1, description="CPUs of the local Ray instance to start (whole CPUs); null = all cores of this machine."
     )
-    cluster_gpus: float | None = Field(None, ge=0, description="GPUs of the local Ray instance; null = detected.")
+    cluster_gpus: int | None = Field(
+        None, ge=0, description="GPUs of the local Ray instance (whole GPUs, at most this machine's); null = detected."
+    )
     ray_address: str | None = Field(
-        None, description="Address of a running Ray cluster ('auto' or host:port); null = $RAY_ADDRESS or a local instance."
+        None,
+        pattern=RAY_ADDRESS_PATTERN,
+        description="Address of a running Ray cluster ('auto', host:port or ray://host:port); null = $RAY_ADDRESS or a local instance.",
     )
     client_max_restarts: int = Field(
         1,
@@ -107,6 +120,13 @@ class ResourcesConfig(StrictModel):
     actor_memory_mb: float = Field(
         300, gt=0, description="Resident memory one actor process costs (torch loaded); used to check the plan fits."
     )
+
+    @field_validator("server_cpus", "client_cpus", "client_gpus")
+    @classmethod
+    def _resource_unit(cls, value: float) -> float:
+        if 0 < value < RESOURCE_UNIT:
+            raise ValueError(f"{value:g} is below Ray's resource unit; allowed: 0 (clients only) or >= {RESOURCE_UNIT:g}")
+        return value
 
     @model_validator(mode="after")
     def _nonempty(self):
@@ -166,7 +186,7 @@ class ExperimentConfig(StrictModel):
     """One experiment: data and split, model, algorithm with its hyperparameters, schedule, resources, tracking."""
 
     name: str = Field("experiment", min_length=1)
-    seed: int = Field(0, ge=0, description="Seed of model init, client sampling and minibatches.")
+    seed: Seed = Field(0, description="Seed of model init, client sampling and minibatches.")
     data: DataConfig = Field(default_factory=SyntheticConfig)
     model: ModelConfigField = Field(default_factory=MLPConfig)
     algorithm: AlgorithmParams
@@ -191,7 +211,7 @@ class ExperimentConfig(StrictModel):
                 "algorithm without the proto transform"
             )
         if self.model.name == "cnn":
-            build_model(self.model, input_features(self.data), 10)  # raises if the inputs are not images it can take
+            parameter_count(self.model, input_features(self.data), 10)  # raises if the inputs are not images it can take
         if self.resources.client_workers > n:
             raise ValueError(
                 f"resources.client_workers={self.resources.client_workers} is more workers than clients "
@@ -222,12 +242,17 @@ class ExperimentConfig(StrictModel):
 
 
 class SweepSettings(StrictModel):
-    name: str = Field("sweep", min_length=1, description="Tune run name and MLflow parent run name.")
+    name: str = Field(
+        "sweep",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$",
+        description="Tune run name (a folder under storage_path) and MLflow parent run name: letters, digits, "
+        "'.', '_' and '-', not starting with '.', '_' or '-', at most 100 characters.",
+    )
     metric: Literal[METRICS] = Field("personalized_accuracy_mean", description="Final-round metric the table ranks by.")  # type: ignore[valid-type]
     mode: Literal["max", "min"] = "max"
     max_concurrent_trials: int = Field(1, ge=1)
-    seeds: list[Annotated[int, Field(ge=0)]] | None = Field(
-        None, min_length=1, description="Seeds crossed with the grid; null = the config's seed."
+    seeds: list[Seed] | None = Field(
+        None, min_length=1, description="Seeds crossed with the grid, each once; null = the config's seed."
     )
     storage_path: str = Field("ray_results", description="Where Tune keeps trial results (absolute, relative or URI).")
     checkpoint_every: int = Field(
@@ -247,6 +272,13 @@ class SweepSettings(StrictModel):
         description="Parameters (flat names, e.g. model.name, algorithm.local_steps) that split the table's "
         "rows further: one row per algorithm and value of each.",
     )
+
+    @model_validator(mode="after")
+    def _distinct_seeds(self):
+        if self.seeds and len(set(self.seeds)) < len(self.seeds):
+            twice = sorted({s for s in self.seeds if self.seeds.count(s) > 1})
+            raise ValueError(f"seeds: {twice} given more than once; each seed is one independent run, give each once")
+        return self
 
 
 #: Fields the sweep driver reads once for all trials (where to log, which cluster to join).
@@ -300,43 +332,12 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: d}
 
 
-def _line_index(source: str) -> dict[tuple, int]:
-    """Map each key path of the YAML document to its 1-based line number."""
-    lines: dict[tuple, int] = {}
-
-    def walk(node, path):
-        lines.setdefault(path, node.start_mark.line + 1)
-        if isinstance(node, yaml.MappingNode):
-            for k, v in node.value:
-                lines[path + (k.value,)] = k.start_mark.line + 1
-                walk(v, path + (k.value,))
-        elif isinstance(node, yaml.SequenceNode):
-            for i, v in enumerate(node.value):
-                walk(v, path + (i,))
-
+def read_yaml(path: str | Path) -> tuple[dict, str, dict[tuple, int]]:
+    """The file's top-level mapping, its text and the line of each key path (:mod:`fedsweep.config_file`)."""
     try:
-        root = yaml.compose(source, Loader=yaml.SafeLoader)
-        if root is not None:
-            walk(root, ())
-    except yaml.YAMLError:
-        pass
-    return lines
-
-
-def read_yaml(path: str | Path) -> tuple[dict, str]:
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError([f"{p}: no such file"])
-    source = p.read_text()
-    try:
-        data = yaml.safe_load(source)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{p}:{mark.line + 1}" if mark else str(p)
-        raise ConfigError([f"{where}: YAML syntax error: {getattr(e, 'problem', None) or e}"]) from None
-    if not isinstance(data, dict):
-        raise ConfigError([f"{p}: expected a mapping of config fields at the top level, got {type(data).__name__}"])
-    return data, source
+        return config_file.read(path)
+    except config_file.ConfigFileError as e:
+        raise ConfigError([str(e)]) from None
 
 
 # --------------------------------------------------------------------------- grids
@@ -413,9 +414,9 @@ def _tags(model: type[BaseModel]) -> tuple:
     return ()
 
 
-def _model_at(loc: tuple, raw: dict) -> type[BaseModel] | None:
+def _model_at(loc: tuple, raw: dict, root: type[BaseModel]) -> type[BaseModel] | None:
     """The pydantic model that validates the mapping at ``loc`` (to list its allowed keys)."""
-    model: type[BaseModel] | None = ExperimentConfig
+    model: type[BaseModel] | None = root
     node: Any = raw
     for part in loc:
         field = model.model_fields.get(part) if model else None
@@ -429,11 +430,11 @@ def _model_at(loc: tuple, raw: dict) -> type[BaseModel] | None:
     return model
 
 
-def _without_union_tags(loc: tuple) -> tuple:
+def _without_union_tags(loc: tuple, root: type[BaseModel]) -> tuple:
     """Pydantic puts the selected member's tag after a discriminated-union field in an error's location
     (``algorithm.fedavg.local_lr``); drop exactly those, so the path is the one written in the file."""
     out: list = []
-    model: type[BaseModel] | None = ExperimentConfig
+    model: type[BaseModel] | None = root
     i = 0
     while i < len(loc):
         part = loc[i]
@@ -450,23 +451,39 @@ def _without_union_tags(loc: tuple) -> tuple:
     return tuple(out)
 
 
-def _format_errors(err: ValidationError, raw: dict, file: str, lines: dict[tuple, int]) -> list[str]:
+def _line(lines: dict[tuple, int], loc: tuple) -> int | None:
+    """The line of ``loc`` in the file, else of its nearest enclosing key that has one."""
+    for end in range(len(loc), -1, -1):
+        if tuple(loc[:end]) in lines:
+            return lines[tuple(loc[:end])]
+    return None
+
+
+def _where(file: str, lines: dict[tuple, int], loc: tuple) -> str:
+    line = _line(lines, loc)
+    return f"{file}:{line}" if line else file
+
+
+def _format_errors(
+    err: ValidationError, raw: dict, file: str, lines: dict[tuple, int], root: type[BaseModel] = ExperimentConfig, prefix: tuple = ()
+) -> list[str]:
+    """One line per pydantic error: ``file:line: field: problem; allowed values``. ``prefix``: where the
+    section ``root`` validates sits in the file (``("sweep",)``)."""
     problems = []
     for e in err.errors():
-        loc = _without_union_tags(e["loc"])
-        field = ".".join(map(str, loc)) or "<config>"
-        line = lines.get(tuple(loc)) or lines.get(tuple(loc[:-1]))
-        where = f"{file}:{line}" if line else file
+        loc = _without_union_tags(e["loc"], root)
+        field = _dotted(prefix + loc) or "<config>"
+        where = _where(file, lines, prefix + loc)
         msg = e["msg"]
         msg = msg.removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            model = _model_at(loc[:-1], raw)
+            model = _model_at(loc[:-1], raw, root)
             twin = _alias_of(model, loc[-1])
             if twin:
-                msg = f"'{loc[-1]}' is another name of '{twin}', which is given too: give one of them"
+                msg = f"{loc[-1]!r} is another name of '{twin}', which is given too: give one of them"
             else:
                 allowed = _allowed_keys(model)
-                msg = f"unknown key '{loc[-1]}'" + (f"; allowed keys: {', '.join(allowed)}" if allowed else "")
+                msg = f"unknown key {loc[-1]!r}" + (f"; allowed keys: {', '.join(allowed)}" if allowed else "")
         elif e["type"] == "union_tag_invalid":
             key = e["ctx"]["discriminator"].strip("'")
             field = f"{field}.{key}"
@@ -475,18 +492,26 @@ def _format_errors(err: ValidationError, raw: dict, file: str, lines: dict[tuple
             key = e["ctx"]["discriminator"].strip("'")
             field = f"{field}.{key}"
             msg = "missing; it selects which kind this section is"
-        elif "input" in e and e["type"] != "missing" and loc:
-            msg = f"{msg} (got {e['input']!r})"
+        elif "input" in e and e["type"] != "missing" and loc and not isinstance(e["input"], (dict, list)):
+            msg = f"{msg} (got {_short(e['input'])})"
         # A cross-field rule (empty location) names its fields in its own message.
-        problems.append(f"{where}: {field}: {msg}" if loc else f"{where}: {msg}")
+        problems.append(f"{where}: {field}: {msg}" if loc else f"{where}: {'.'.join(prefix) + ': ' if prefix else ''}{msg}")
     return problems
 
 
+def _dotted(loc: tuple) -> str:
+    """A key path as written, with invisible or unprintable characters in a key shown escaped."""
+    return ".".join(k if isinstance(k, str) and k.isprintable() else ascii(k).strip("'") for k in map(str, loc))
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def validate(raw: dict, file: str = "<config>", lines: dict[tuple, int] | None = None) -> ExperimentConfig:
     try:
-        return ExperimentConfig.model_validate(raw)
+        return ExperimentConfig.model_validate(raw, strict=True)
     except ValidationError as err:
         raise ConfigError(_format_errors(err, raw, file, lines or {})) from None
 
@@ -504,7 +529,13 @@ def check_fits(cfg: ExperimentConfig, cluster_cpus: float, cluster_gpus: float, 
     else:
         actors = f"{a} client actors" if r.clients_per_actor == 1 else f"{a} client actors ({r.clients_per_actor} clients each)"
         fewer = "or fewer clients, or a larger clients_per_actor"
-    if need_cpus > cluster_cpus + 1e-9:
+    if r.server_cpus_total() > cluster_cpus + 1e-9:
+        problems.append(
+            f"{where}: resources.server_cpus: the server bundle alone needs {r.server_cpus_total():g} CPUs"
+            + (f" (server_cpus {r.server_cpus:g} + one worker's client_cpus {r.client_cpus:g})" if r.client_workers else "")
+            + f", but the cluster has {cluster_cpus:g}; allowed: server_cpus <= {max(cluster_cpus - r.server_cpus_total() + r.server_cpus, 0):g}"
+        )
+    elif need_cpus > cluster_cpus + 1e-9:
         problems.append(
             f"{where}: resources: one trial needs server_cpus + {actors} × client_cpus = "
             f"{r.server_cpus:g} + {a} × {r.client_cpus:g} = {need_cpus:g} CPUs, but the cluster has {cluster_cpus:g}; "
@@ -517,20 +548,37 @@ def check_fits(cfg: ExperimentConfig, cluster_cpus: float, cluster_gpus: float, 
         )
     if memory_mb is not None:
         processes = len(bundles) + 1  # the driver, the ServerActor and the ClientActors
-        need_mb = processes * r.actor_memory_mb
+        params, per_client = parameter_memory(cfg)
+        model_mb = 4 * (2 * params * len(bundles) + per_client * cfg.num_clients) / 2**20
+        need_mb = processes * r.actor_memory_mb + model_mb
         if need_mb > memory_mb:
             fit = int(memory_mb // r.actor_memory_mb) - 2  # client actors that fit beside the driver and server
-            if fit < 1:
+            field = "resources.actor_memory_mb"
+            if model_mb > memory_mb / 2:
+                field, hint = "model", "allowed: a smaller model, or fewer clients"
+            elif fit < 1:
                 hint = "not even one client actor fits"
             elif r.client_workers:
                 hint = f"allowed: resources.client_workers <= {fit + 1}"
             else:
                 hint = f"allowed: resources.clients_per_actor >= {math.ceil(cfg.num_clients / fit)}"
+            model = (f" + its {params} model parameters at 4 bytes × (2 per actor"
+                     + (f" + {per_client / params:g} per client" if per_client else "") + f") = {model_mb:.0f} MB") if model_mb >= 1 else ""
             problems.append(
-                f"{where}: resources.actor_memory_mb: one trial starts {processes} processes × {r.actor_memory_mb:g} MB "
-                f"= {need_mb:.0f} MB, more than this machine's {memory_mb:.0f} MB; {hint}"
+                f"{where}: {field}: one trial starts {processes} processes × {r.actor_memory_mb:g} MB = "
+                f"{processes * r.actor_memory_mb:.0f} MB{model}, more than this machine's {memory_mb:.0f} MB; {hint}"
             )
     return problems
+
+
+def parameter_memory(cfg: ExperimentConfig) -> tuple[int, int]:
+    """The model's parameter count and the floats of state each client keeps between rounds (the
+    algorithm's initial client state, sized on PyTorch's meta device: nothing is allocated)."""
+    import torch
+
+    params = parameter_count(cfg.model, input_features(cfg.data), num_classes(cfg.data))
+    state = ALGORITHMS[cfg.algorithm.name](cfg.algorithm).init_client_state(torch.empty(params, device="meta"))
+    return params, sum(v.numel() for v in state.values())
 
 
 def local_capacity() -> tuple[float, float, float]:
@@ -551,9 +599,85 @@ def check_resources(configs: list[ExperimentConfig], file: str, capacity: tuple[
             continue  # a remote cluster is checked after connecting, before any trial starts
         cpus = r.cluster_cpus if r.cluster_cpus is not None else local[0]
         gpus = r.cluster_gpus if r.cluster_gpus is not None else local[1]
+        if not r.address() and gpus > local[1]:
+            problems.append(
+                f"{file}: resources.cluster_gpus={gpus:g}, but this machine has {local[1]:g} GPU(s): Ray would count "
+                f"GPUs that are not there and the clients would train on the CPU; allowed: 0..{local[1]:g}, or null (detected)"
+            )
         for p in check_fits(cfg, cpus, gpus, None if r.address() else local[2], file):
             if p not in problems:
                 problems.append(p)
+    if problems:
+        raise ConfigError(problems)
+
+
+#: Schemes of an MLflow tracking URI (a database's may name its driver: postgresql+psycopg2).
+TRACKING_SCHEMES = ("file", "sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks")
+#: Schemes of a Tune storage path (pyarrow's file systems), besides a local path.
+STORAGE_SCHEMES = ("file", "s3", "gs", "gcs", "hdfs", "abfs", "abfss", "az")
+
+
+def _folder_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be (or become) a folder this process writes to; None when it can."""
+    if path.exists():
+        if not path.is_dir():
+            return f"{path} exists and is not a folder"
+        return None if os.access(path, os.W_OK | os.X_OK) else f"{path} is not writable"
+    parent = next((a for a in path.parents if a.exists()), None)
+    if parent is None or not parent.is_dir():
+        return f"{parent} is not a folder, so {path} cannot be created"
+    return None if os.access(parent, os.W_OK | os.X_OK) else f"{path} cannot be created: {parent} is not writable"
+
+
+def tracking_uri_problem(uri: str) -> str | None:
+    """Why MLflow could not use ``uri`` as its tracking store; None when it can (a server is not contacted)."""
+    from urllib.parse import urlparse
+
+    if "://" not in uri:
+        return _folder_problem(Path(uri).resolve())
+    parsed = urlparse(uri)
+    scheme = parsed.scheme.split("+")[0]
+    if scheme not in TRACKING_SCHEMES:
+        return f"unknown scheme {parsed.scheme!r}; allowed: {', '.join(TRACKING_SCHEMES)}, or a local folder"
+    if scheme == "sqlite":
+        db = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else None
+        if not db:
+            return "a SQLite URI is sqlite:///relative/path.db or sqlite:////absolute/path.db"
+        db_path = Path(db).resolve()
+        if db_path.is_dir():
+            return f"{db_path} is a folder, not a database file"
+        return _folder_problem(db_path.parent)
+    if scheme == "file":
+        return _folder_problem(Path(parsed.path).resolve())
+    if scheme != "databricks" and not parsed.hostname:
+        return f"no host in {uri!r}"
+    return None
+
+
+def check_environment(configs: list[ExperimentConfig], file: str, storage_path: str | None = None) -> None:
+    """Where the runs will go, before anything starts: the tracking URI, the Ray address (the config's or
+    $RAY_ADDRESS) and the sweep's storage path are ones that can be used."""
+    import re
+    from urllib.parse import urlparse
+
+    problems: list[str] = []
+    first = configs[0]
+    uri = first.tracking.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
+    source = "tracking.tracking_uri" if first.tracking.tracking_uri else ("$MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else "the default tracking URI")
+    if problem := tracking_uri_problem(uri):
+        problems.append(f"{file}: {source} ({uri}): {problem}")
+    env_address = os.environ.get("RAY_ADDRESS")
+    if not first.resources.ray_address and env_address and not re.match(RAY_ADDRESS_PATTERN, env_address):
+        problems.append(f"{file}: $RAY_ADDRESS={env_address!r} is not a Ray address; allowed: auto, host:port or ray://host:port")
+    if storage_path is not None:
+        if "://" in storage_path:
+            scheme = urlparse(storage_path).scheme
+            if scheme not in STORAGE_SCHEMES:
+                problems.append(f"{file}: sweep.storage_path: unknown scheme {scheme!r}; allowed: {', '.join(STORAGE_SCHEMES)}, or a local folder")
+            elif scheme == "file" and (problem := _folder_problem(Path(urlparse(storage_path).path))):
+                problems.append(f"{file}: sweep.storage_path: {problem}")
+        elif problem := _folder_problem(Path(storage_path).resolve()):
+            problems.append(f"{file}: sweep.storage_path: {problem}")
     if problems:
         raise ConfigError(problems)
 
@@ -571,7 +695,7 @@ def check_data(configs: list[ExperimentConfig], file: str) -> None:
         seen.add(cfg.data)
         try:
             build_federated_dataset(cfg.data)
-        except (FileNotFoundError, ValueError) as e:
+        except (OSError, ValueError) as e:
             if f"{file}: {e}" not in problems:
                 problems.append(f"{file}: {e}")
     if problems:
@@ -580,13 +704,14 @@ def check_data(configs: list[ExperimentConfig], file: str) -> None:
 
 def load_experiment(path: str | Path, check_cluster: bool = True) -> ExperimentConfig:
     """Read and validate a single-experiment file (no grids; a ``sweep:`` section is ignored)."""
-    raw, source = read_yaml(path)
+    raw, _, lines = read_yaml(path)
     raw = {k: v for k, v in raw.items() if k != "sweep"}
     grids = [k for k, v in flatten_grids(raw)]
     if grids:
         raise ConfigError([f"{path}: {g}: a grid is only allowed in a sweep ('fedsweep sweep {path}')" for g in grids])
-    cfg = validate(raw, str(path), _line_index(source))
+    cfg = validate(raw, str(path), lines)
     if check_cluster:
+        check_environment([cfg], str(path))
         check_resources([cfg], str(path))
         check_data([cfg], str(path))
     return cfg
@@ -600,25 +725,52 @@ def flatten_grids(node: Any, path: tuple = ()) -> list[tuple[str, Any]]:
     return []
 
 
+#: Trials one sweep file may expand to: the grids are crossed (a product) and every point is validated.
+MAX_TRIALS = 10_000
+
+
+def _grid_points(node: Any) -> int:
+    """How many configs ``node`` expands to (without expanding it)."""
+    if _is_grid(node):
+        return sum(_grid_points(c) for c in node["grid"]) if isinstance(node["grid"], list) else 1
+    if isinstance(node, dict):
+        return math.prod(_grid_points(v) for v in node.values())
+    return 1
+
+
 def load_sweep(path: str | Path, check_cluster: bool = True) -> Sweep:
     """Read a sweep file, expand its grids × seeds and validate every trial config."""
-    raw, source = read_yaml(path)
+    raw, source, lines = read_yaml(path)
     file = str(path)
-    lines = _line_index(source)
     problems: list[str] = []
-    try:
-        settings = SweepSettings.model_validate(raw.get("sweep") or {})
-    except ValidationError as err:
-        problems += [p.replace(f"{file}: ", f"{file}: sweep.", 1) for p in _format_errors(err, raw.get("sweep") or {}, file, {})]
-        settings = None
+    section = raw.get("sweep", {})
+    settings = None
+    if not isinstance(section, dict):
+        problems.append(f"{_where(file, lines, ('sweep',))}: sweep: must be a mapping of sweep settings, got {_short(section)}; "
+                        "leave the section out for the defaults")
+    else:
+        try:
+            settings = SweepSettings.model_validate(section, strict=True)
+        except ValidationError as err:
+            problems += _format_errors(err, section, file, lines, SweepSettings, ("sweep",))
     body = {k: v for k, v in raw.items() if k != "sweep"}
+    if settings is not None and settings.seeds and "seed" in body:  # replaced in every trial, but still checked
+        try:
+            TypeAdapter(Seed).validate_python(body["seed"], strict=True)
+        except ValidationError as err:
+            problems.append(f"{_where(file, lines, ('seed',))}: seed: {err.errors()[0]['msg']} (got {_short(body['seed'])}); "
+                            "sweep.seeds replaces it in every trial: give a valid seed or leave it out")
     for field, _ in flatten_grids(body):
         if any(field == f or field.startswith(f + ".") for f in SWEEP_WIDE):
             problems.append(
-                f"{file}:{lines.get(tuple(field.split('.')), '?')}: {field}: one value serves the whole sweep and cannot be "
+                f"{_where(file, lines, tuple(field.split('.')))}: {field}: one value serves the whole sweep and cannot be "
                 f"a grid (sweep-wide fields: {', '.join(SWEEP_WIDE)})"
             )
-    expanded = _expand(body, (), problems, lambda at: f"{file}:{lines.get(at, '?')}: ")
+    points = _grid_points(body) * len(settings.seeds if settings and settings.seeds else [None])
+    if points > MAX_TRIALS:
+        grids = ", ".join(f"{f} ({_grid_points(g)})" for f, g in flatten_grids(body))
+        raise ConfigError(problems + [f"{file}: the grids ({grids}) × sweep.seeds make {points} trials; at most {MAX_TRIALS} per sweep"])
+    expanded = _expand(body, (), problems, lambda at: f"{_where(file, lines, at)}: ")
     if problems:
         raise ConfigError(problems)
     seeds = settings.seeds if settings and settings.seeds else [None]
@@ -647,6 +799,7 @@ def load_sweep(path: str | Path, check_cluster: bool = True) -> Sweep:
         raise ConfigError(problems)
     assert settings is not None
     if check_cluster:
+        check_environment([t.config for t in trials], file, settings.storage_path)
         check_resources([t.config for t in trials], file)
         check_data([t.config for t in trials], file)
     return Sweep(settings, trials, source, file)

@@ -82,6 +82,13 @@ def build_model(cfg: ModelConfig, num_features: int, num_classes: int) -> nn.Mod
     return nn.Sequential(*layers)
 
 
+def parameter_count(cfg: ModelConfig, num_features: int, num_classes: int) -> int:
+    """The model's number of parameters, without allocating them (built on PyTorch's meta device); raises
+    ValueError where the inputs do not fit the model."""
+    with torch.device("meta"):
+        return sum(p.numel() for p in build_model(cfg, num_features, num_classes).parameters())
+
+
 class FlatModel:
     """Calls a module with its parameters given as one flat vector.
 

@@ -7,7 +7,10 @@ from pydantic.fields import FieldInfo
 
 
 class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """Read from a file with ``model_validate(..., strict=True)``: no bool or string where a number belongs,
+    no number where a bool or string belongs; and never an infinite or NaN float."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 def aliases(name: str, *others: str) -> AliasChoices:

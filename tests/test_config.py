@@ -127,7 +127,14 @@ def test_too_many_classes_per_client():
 
 def test_too_many_clients_for_digits():
     msg = problems_of(config_dict(data={"num_clients": 1500, "partition": {"name": "iid"}}))
-    assert "num_clients=1500 leaves a client with 1 sample(s)" in msg
+    assert "num_clients=1500: digits has 1797 samples and every client needs at least 2" in msg and "allowed: 1..898" in msg
+
+
+def test_an_unsatisfiable_split_names_the_partition_parameter():
+    # 800 clients fit digits' 1797 samples, but a Dirichlet split this skewed leaves some client empty:
+    # the concentration is what to change, not only the client count
+    msg = problems_of(config_dict(data={"num_clients": 800, "partition": {"name": "dirichlet", "concentration": 0.01}}))
+    assert "the dirichlet split of digits leaves client" in msg and "allowed: a larger partition.concentration" in msg
 
 
 def test_model_fields():

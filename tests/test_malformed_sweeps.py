@@ -17,16 +17,20 @@ import pytest
 from tests.conftest import ROOT
 
 DRIVER = """
-import contextlib, io, json, os, sys
+import contextlib, io, json, os, sys, time, traceback
 import ray
 from fedsweep.cli import main
 results = {}
 for case, folder in json.loads(sys.argv[1]).items():
     os.chdir(folder)
     err = io.StringIO()
+    t0 = time.perf_counter()
     with contextlib.redirect_stderr(err):
-        rc = main(["sweep", os.path.join(folder, "bad.yaml")])
-    results[case] = {"rc": rc, "stderr": err.getvalue(), "ray": ray.is_initialized(),
+        try:
+            rc = main(["sweep", os.path.join(folder, "bad.yaml")])
+        except BaseException:  # what the command would have shown: a traceback
+            rc, _ = None, err.write(traceback.format_exc())
+    results[case] = {"rc": rc, "stderr": err.getvalue(), "ray": ray.is_initialized(), "seconds": time.perf_counter() - t0,
                      "mlflow": [f for f in ("mlflow.db", "mlruns", "mlartifacts") if os.path.exists(f)]}
 print(json.dumps(results))
 """
@@ -51,7 +55,13 @@ def edit(old: str, new: str) -> str:
     return GOOD.replace(old, new)
 
 
-# name -> (file text, what the message must contain)
+BILLION_LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 10)}]\n" for i in range(8)
+) + GOOD
+CORRUPT_MNIST = {f"data/MNIST/raw/{f}.gz": b"\x1f\x8b\x08junk" for f in (
+    "train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
+
+# name -> (file text or bytes, what the message must contain[, other files of the case's folder])
 CASES = {
     "yaml syntax": (edit(ALGO, "algorithm: {name: fedavg, local_lr: 0.1"), "bad.yaml:"),
     "not a mapping": ("- rounds\n- 4\n", "expected a mapping of config fields"),
@@ -85,17 +95,75 @@ CASES = {
              "data: {dataset: mnist, root: nowhere, num_clients: 3}"),
         "data.root: mnist files not found",
     ),
+    # --- what used to end in a traceback
+    "latin-1 file": (GOOD.replace("name: m", "name: caf\u00e9").encode("latin-1"), "bad.yaml:1: not UTF-8 text"),
+    "binary file": (bytes(range(256)) * 4, "bad.yaml:2: not UTF-8 text (byte 0x80)"),
+    "control characters": ("\x00\x01" + GOOD, "bad.yaml:1: YAML syntax error"),
+    "corrupt gzip under the data root": (
+        edit("data: {dataset: digits, num_clients: 3, partition: {name: label_skew, classes_per_client: 4}}",
+             "data: {dataset: mnist, root: data, num_clients: 3}"),
+        "train-images-idx3-ubyte.gz cannot be read", CORRUPT_MNIST,
+    ),
+    "infinite resource count": (edit("cluster_cpus: 2", "cluster_cpus: .inf"), "resources.cluster_cpus"),
+    "malformed ray address": (edit("cluster_cpus: 2", "cluster_cpus: 2, ray_address: 'http//head'"), "resources.ray_address"),
+    "tracking uri scheme": (edit("tracking: {experiment: bad}", "tracking: {experiment: bad, tracking_uri: 'mongo://x/y'}"),
+                            "tracking.tracking_uri (mongo://x/y): unknown scheme 'mongo'"),
+    "tracking path under a file": (edit("tracking: {experiment: bad}", "tracking: {experiment: bad, tracking_uri: bad.yaml/runs}"),
+                                   "bad.yaml is not a folder"),
+    "storage scheme": (edit("seeds: [0, 1]", "seeds: [0, 1], storage_path: 'ftp://host/results'"), "sweep.storage_path: unknown scheme 'ftp'"),
+    "storage under a file": (edit("seeds: [0, 1]", "seeds: [0, 1], storage_path: bad.yaml/results"), "sweep.storage_path"),
+    # --- accepted, then every trial failed
+    "cpus below ray's unit": (edit("client_cpus: 0.1", "client_cpus: 0.00001"), "resources.client_cpus: 1e-05 is below Ray's resource unit"),
+    "seed beyond the generators": (edit("seeds: [0, 1]", "seeds: [18446744073709551616]"), "sweep.seeds.0"),
+    "model beyond memory": (edit("hidden: [16]", "hidden: [1000000, 1000000]"), "bad.yaml: model: one trial starts"),
+    "absurd client count": (edit("num_clients: 3", "num_clients: 1000000000"), "data.num_clients"),
+    # --- validation itself exhausted memory
+    "more clients than digits has": (edit("num_clients: 3", "num_clients: 90000"), "allowed: 1..898"),
+    "alias bomb": (BILLION_LAUGHS, "expands to more than 100000 values"),
+    "deep nesting": ("a: " + "[" * 3000 + "]" * 3000 + "\n", "nested"),
+    "grid product": (GOOD.replace("rounds: 4", "rounds: {grid: [" + ", ".join(map(str, range(1, 101))) + "]}")
+                     .replace("eval_every: 2", "eval_every: {grid: [" + ", ".join(map(str, range(1, 101))) + "]}"), "at most 10000"),
+    # --- silently accepted, wrong results
+    "infinite step size": (edit("local_lr: {grid: [0.1, 0.05]}", "local_lr: .inf"), "algorithm.local_lr: Input should be a finite number"),
+    "bool as a count": (edit("rounds: 4", "rounds: true"), "rounds: Input should be a valid integer (got True)"),
+    "yes as a count": (edit("tau: 3", "tau: yes"), "algorithm.tau: Input should be a valid integer (got True)"),
+    "bools as seeds": (edit("seeds: [0, 1]", "seeds: [true, false]"), "sweep.seeds.0: Input should be a valid integer"),
+    "number in quotes": (edit("rounds: 4", "rounds: '4'"), "rounds: Input should be a valid integer (got '4')"),
+    "bad seed hidden by sweep seeds": (GOOD + "seed: -3\n", "seed: Input should be greater than or equal to 0"),
+    "sweep false": (edit("sweep: {name: bad, max_concurrent_trials: 2, seeds: [0, 1]}", "sweep: false"), "bad.yaml:9: sweep: must be a mapping"),
+    "duplicate key": (GOOD + "algorithm: {name: fedprox}\n", "key 'algorithm' given twice (first on line 4)"),
+    "duplicate seeds": (edit("seeds: [0, 1]", "seeds: [0, 1, 0]"), "sweep: seeds: [0] given more than once"),
+    "sweep name leaves storage": (edit("sweep: {name: bad,", "sweep: {name: ../../escape,"), "sweep.name: String should match pattern"),
+    "gpus this machine lacks": (edit("cluster_cpus: 2", "cluster_cpus: 2, cluster_gpus: 1000"), "resources.cluster_gpus=1000, but this machine has"),
+    # --- validation and the run disagreed
+    "fractional cluster cpus": (edit("cluster_cpus: 2", "cluster_cpus: 1.5"), "resources.cluster_cpus: Input should be a valid integer"),
+    # --- messages that misled
+    "oversized server cpus": (edit("server_cpus: 0.2", "server_cpus: 3"), "resources.server_cpus: the server bundle alone needs 3 CPUs"),
+    "unsatisfiable split": (edit("num_clients: 3, partition: {name: label_skew, classes_per_client: 4}",
+                                 "num_clients: 800, partition: {name: dirichlet, concentration: 0.01}"), "allowed: a larger partition.concentration"),
+    "sweep error has its line": (edit("max_concurrent_trials: 2", "max_concurrent_trials: 0"), "bad.yaml:9: sweep.max_concurrent_trials"),
+    "sweep-wide grid has its line": (edit("cluster_cpus: 2", "cluster_cpus: {grid: [1, 2]}"), "bad.yaml:7: resources.cluster_cpus: one value"),
+    "a folder given as the file": (None, "bad.yaml: is a directory"),
+    "invisible character in a key": (edit("rounds: 4", "rou\u200bnds: 4"), "rou\\u200bnds: unknown key 'rou\\u200bnds'"),
 }
 
 
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory) -> dict[str, dict]:
     folders = {}
-    for i, (case, (text, _)) in enumerate(CASES.items()):
+    for i, (case, (content, _, *files)) in enumerate(CASES.items()):
         folder = tmp_path_factory.mktemp(f"case{i}")
-        (folder / "bad.yaml").write_text(text)
+        if content is None:
+            (folder / "bad.yaml").mkdir()
+        elif isinstance(content, bytes):
+            (folder / "bad.yaml").write_bytes(content)
+        else:
+            (folder / "bad.yaml").write_text(content, encoding="utf-8")
+        for name, data in (files[0] if files else {}).items():
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_bytes(data)
         folders[case] = str(folder)
-    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "RAY_ADDRESS")}
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "RAY_ADDRESS", "FEDSWEEP_DATA_DIR")}
     r = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(folders)], capture_output=True, text=True,
                        env=env, cwd=ROOT, timeout=600, check=False)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -104,14 +172,16 @@ def outcomes(tmp_path_factory) -> dict[str, dict]:
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_malformed_sweep_file_exits_2_and_names_the_field(case, outcomes):
-    _, expected = CASES[case]
+    expected = CASES[case][1]
     o = outcomes[case]
     assert o["rc"] == 2, o["stderr"][-2000:]
     assert expected in o["stderr"], o["stderr"]
     assert o["path"] in o["stderr"] or "bad.yaml" in o["stderr"]
+    assert ":?:" not in o["stderr"]  # a line is given where the file has one, and nothing where it has none
     assert not o["mlflow"]  # zero MLflow runs: no store was even created
     assert not o["ray"]  # Ray never started
+    assert o["seconds"] < 20, o["seconds"]  # refused in seconds (the first case also pays the imports)
 
 
-def test_there_are_at_least_twenty_cases():
-    assert len(CASES) >= 20
+def test_there_are_cases_of_every_kind():
+    assert len(CASES) >= 60

@@ -58,7 +58,7 @@ def test_perfedavg_class_counts_per_user(diff_hetero):
 
 
 def test_perfedavg_names_the_class_that_runs_out():
-    with pytest.raises(ValueError, match=r"perfedavg split, user \d+, train \(a=100\): class \d has \d+ samples left, 100 needed"):
+    with pytest.raises(ValueError, match=r"perfedavg split, user \d+ of 50, train \(a=100\): class \d has \d+ samples left, 100 needed; allowed: fewer clients"):
         P.perfedavg(TRAIN, TEST, 50, 100, 6, False, rng())
 
 

@@ -16,6 +16,33 @@ from fedsweep.algorithms.base import ClientData
 from fedsweep.data import partitions, synthetic, vision
 from fedsweep.schema import StrictModel, aliases
 
+#: Clients one experiment may have (every client is a shard, a state and a share of an actor; above this
+#: the plan itself - splits, bundles - would exhaust the driver's memory before any check could speak).
+MAX_CLIENTS = 100_000
+#: Samples in each dataset's pool (train + test), known before its files are read.
+POOL_SIZES = {"digits": 1797, "mnist": 70_000, "fashion_mnist": 70_000, "cifar10": 60_000, "cifar100": 60_000}
+#: What to change when a split leaves a client with fewer than 2 samples, by partition.
+_SMALLER_SPLIT_FIX = {
+    "iid": "fewer clients (num_clients)",
+    "label_skew": "fewer clients (num_clients), or more classes per client (partition.classes_per_client)",
+    "dirichlet": "a larger partition.concentration, or fewer clients (num_clients)",
+    "shards": "fewer clients (num_clients), or fewer partition.shards_per_client",
+    "pfedme_mnist": "fewer clients (num_clients)",
+}
+
+
+def _pool_too_small(dataset: str, num_clients: int) -> str | None:
+    pool = POOL_SIZES[dataset]
+    if num_clients > pool // 2:
+        return (f"num_clients={num_clients}: {dataset} has {pool} samples and every client needs at least 2 "
+                f"(one train, one test); allowed: 1..{pool // 2}")
+    return None
+
+
+def empty_client_problem(partition: str, dataset: str, client: int, samples: int) -> str:
+    return (f"partition: the {partition} split of {dataset} leaves client {client} with {samples} sample(s); every "
+            f"client needs at least 2 (one train, one test); allowed: {_SMALLER_SPLIT_FIX.get(partition, 'fewer clients')}")
+
 
 class IIDPartition(StrictModel):
     """Shuffled samples dealt evenly."""
@@ -100,7 +127,7 @@ class SyntheticConfig(StrictModel):
     """FedProx's Synthetic(ᾱ, β̄); each device is its own distribution, so no partition is applied."""
 
     dataset: Literal["synthetic"] = "synthetic"
-    num_clients: int = Field(20, ge=1)
+    num_clients: int = Field(20, ge=1, le=MAX_CLIENTS)
     model_heterogeneity: float = Field(0.5, ge=0, validation_alias=aliases("model_heterogeneity", "alpha"), description="ᾱ")
     data_heterogeneity: float = Field(0.5, ge=0, validation_alias=aliases("data_heterogeneity", "beta"), description="β̄")
     num_features: int = Field(60, ge=1)
@@ -130,7 +157,7 @@ class DigitsConfig(StrictModel):
     """scikit-learn's bundled 8×8 digits (1797 images, 10 classes), split by ``partition``."""
 
     dataset: Literal["digits"] = "digits"
-    num_clients: int = Field(10, ge=1)
+    num_clients: int = Field(10, ge=1, le=MAX_CLIENTS)
     partition: PartitionConfig = Field(default_factory=LabelSkewPartition)
     test_fraction: float = Field(0.25, gt=0, lt=1)
     seed: int = Field(0, ge=0, description="Seed of the split; fixed across the experiment's seeds.")
@@ -142,12 +169,11 @@ class DigitsConfig(StrictModel):
                 f"partition.classes_per_client={self.partition.classes_per_client} exceeds the "
                 f"{DIGITS_CLASSES} classes of digits (allowed: 1..{DIGITS_CLASSES})"
             )
-        smallest = min(len(p) for p in _split_pooled(self, _digits()[1]))
-        if smallest < 2:
-            raise ValueError(
-                f"num_clients={self.num_clients} leaves a client with {smallest} sample(s) of digits' 1797; "
-                "every client needs at least 2 (one train, one test): use fewer clients"
-            )
+        if problem := _pool_too_small("digits", self.num_clients):
+            raise ValueError(problem)
+        sizes = [len(p) for p in _split_pooled(self, _digits()[1])]
+        if min(sizes) < 2:
+            raise ValueError(empty_client_problem(self.partition.name, "digits", sizes.index(min(sizes)), min(sizes)))
         return self
 
 
@@ -162,7 +188,7 @@ class ImageConfig(StrictModel):
     dataset: Literal["mnist", "fashion_mnist", "cifar10", "cifar100"]
     root: str | None = Field(None, description="Folder holding the files; null = $FEDSWEEP_DATA_DIR, else ./data")
     download: bool = Field(False, description="Fetch missing files with torchvision (vision extra, internet)")
-    num_clients: int = Field(50, ge=1)
+    num_clients: int = Field(50, ge=1, le=MAX_CLIENTS)
     partition: ImagePartitionConfig = Field(default_factory=IIDPartition)
     test_fraction: float = Field(0.25, gt=0, lt=1)
     seed: int = Field(0, ge=0, description="Seed of the split; fixed across the experiment's seeds.")
@@ -178,6 +204,8 @@ class ImageConfig(StrictModel):
             raise ValueError(f"partition: {k} classes per client exceeds the {classes} classes of {self.dataset}")
         if isinstance(p, PerFedAvgPartition) and classes != 10:
             raise ValueError("partition.name=perfedavg needs classes 0-9 (mnist, fashion_mnist or cifar10)")
+        if problem := _pool_too_small(self.dataset, self.num_clients):
+            raise ValueError(problem)
         return self
 
 
@@ -194,6 +222,13 @@ def input_features(cfg: SyntheticConfig | DigitsConfig | ImageConfig) -> int:
     if isinstance(cfg, DigitsConfig):
         return DIGITS_FEATURES
     return IMAGE_FEATURES[cfg.dataset]
+
+
+def num_classes(cfg: SyntheticConfig | DigitsConfig | ImageConfig) -> int:
+    """Number of classes of a dataset, known from its config alone."""
+    if isinstance(cfg, SyntheticConfig):
+        return cfg.num_classes
+    return 100 if getattr(cfg, "dataset", "") == "cifar100" else 10
 
 
 @dataclass
@@ -234,7 +269,7 @@ def _images(name: str, root: str, download: bool):
 
 def _image_clients(cfg: ImageConfig) -> tuple[list[ClientData], int, int]:
     x_tr, y_tr, x_te, y_te = _images(cfg.dataset, str(vision.data_root(cfg.root)), cfg.download)
-    num_classes = 100 if cfg.dataset == "cifar100" else 10
+    classes = num_classes(cfg)
     p, n = cfg.partition, cfg.num_clients
     rng = np.random.default_rng([cfg.seed, 1])
     if isinstance(p, (PerFedAvgPartition, ACIDPartition, ALIDPartition)):
@@ -243,26 +278,23 @@ def _image_clients(cfg: ImageConfig) -> tuple[list[ClientData], int, int]:
             split = partitions.perfedavg(y_tr, y_te, n, p.images_per_class, a_test, p.diff_hetero, rng)
         else:
             split = partitions.acid(y_tr, y_te, n, p.classes_per_client, rng)
-        perms = partitions.label_permutations(n, num_classes, rng) if isinstance(p, ALIDPartition) else None
+        perms = partitions.label_permutations(n, classes, rng) if isinstance(p, ALIDPartition) else None
         clients = []
         for i, (tr, te) in enumerate(split):
             relabel = (lambda y, perm=perms[i]: perm[y]) if perms is not None else (lambda y: y)
             t = torch.from_numpy
             clients.append(ClientData(t(vision.to_float(x_tr[tr])), t(relabel(y_tr[tr])),
                                       t(vision.to_float(x_te[te])), t(relabel(y_te[te]))))
-        return clients, x_tr.shape[1], num_classes
+        return clients, x_tr.shape[1], classes
     x, y = np.concatenate([x_tr, x_te]), np.concatenate([y_tr, y_te])
     split_rng = np.random.default_rng([cfg.seed, 2])
     clients = []
     for i, idx in enumerate(_split_pooled(cfg, y)):
         if len(idx) < 2:
-            raise ValueError(
-                f"data.partition: the {p.name} split of {cfg.dataset} leaves client {i} with {len(idx)} sample(s); "
-                "every client needs at least 2 (one train, one test)"
-            )
+            raise ValueError("data." + empty_client_problem(p.name, cfg.dataset, i, len(idx)))
         train, test = partitions.train_test_split(idx, cfg.test_fraction, split_rng)
         clients.append(_client(x, y, train, test))
-    return clients, x.shape[1], num_classes
+    return clients, x.shape[1], classes
 
 
 def _client(x: np.ndarray, y: np.ndarray, train: np.ndarray, test: np.ndarray) -> ClientData:

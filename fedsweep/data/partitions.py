@@ -63,7 +63,10 @@ def _class_pools(labels: np.ndarray, rng: np.random.Generator) -> dict[int, list
 def _draw(pools: dict[int, list[int]], cls: int, count: int, what: str) -> np.ndarray:
     pool = pools.get(cls, [])
     if count > len(pool):
-        raise ValueError(f"{what}: class {cls} has {len(pool)} samples left, {count} needed")
+        raise ValueError(
+            f"{what}: class {cls} has {len(pool)} samples left, {count} needed; allowed: fewer clients "
+            "(num_clients) or fewer images per user (images_per_class, test_images_per_class)"
+        )
     taken, pools[cls] = pool[:count], pool[count:]
     return np.asarray(taken, dtype=np.int64)
 
@@ -99,7 +102,8 @@ def perfedavg(
     for i, recipe in enumerate(recipes):
         pair = []
         for part, a in (("train", a_train), ("test", a_test)):
-            idx = [_draw(pools[part], c, int(m * a), f"perfedavg split, user {i}, {part} (a={a})") for c, m in recipe]
+            idx = [_draw(pools[part], c, int(m * a), f"data.partition: the perfedavg split, user {i} of {num_clients}, "
+                         f"{part} (a={a})") for c, m in recipe]
             pair.append(np.sort(np.concatenate(idx)))
         out.append((pair[0], pair[1]))
     return out

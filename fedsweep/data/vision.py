@@ -22,7 +22,10 @@ import io
 import os
 import pickle
 import tempfile
+import zlib
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -94,7 +97,10 @@ def read_cifar_batch(path: Path) -> dict:
     """One CIFAR python-version batch: a dict with ``data`` (N × 3072 uint8, channel-major) and labels."""
     with open(path, "rb") as f:
         batch = _ArrayUnpickler(io.BytesIO(f.read()), encoding="bytes").load()
-    return {k.decode() if isinstance(k, bytes) else k: v for k, v in batch.items()}
+    batch = {k.decode() if isinstance(k, bytes) else k: v for k, v in batch.items()} if isinstance(batch, dict) else {}
+    if "data" not in batch or not {"labels", "fine_labels"} & set(batch):
+        raise ValueError(f"{path}: not a CIFAR batch (a dict with data and labels)")
+    return batch
 
 
 def data_root(configured: str | None) -> Path:
@@ -146,18 +152,26 @@ def _decode(name: str, folder: Path) -> dict[str, np.ndarray]:
     """Decompress or unpickle the files: images as uint8 (N × features, channel-major), int64 labels."""
     _, train, test, _ = LAYOUT[name]
     if name in IDX_DATASETS:
-        parts = [read_idx(_file(folder, f)) for f in train + test]
+        parts = [_read(read_idx, _file(folder, f)) for f in train + test]
         images, labels = [parts[0], parts[2]], [parts[1], parts[3]]
     else:
         key = "labels" if name == "cifar10" else "fine_labels"
         images, labels = [], []
         for files in (train, test):
-            batches = [read_cifar_batch(_file(folder, f)) for f in files]
+            batches = [_read(read_cifar_batch, _file(folder, f)) for f in files]
             images.append(np.concatenate([np.asarray(b["data"], dtype=np.uint8) for b in batches]))
             labels.append(np.concatenate([np.asarray(b[key]) for b in batches]))
     x_train, x_test = (np.ascontiguousarray(im.reshape(len(im), -1), dtype=np.uint8) for im in images)
     y_train, y_test = (np.asarray(y, dtype=np.int64) for y in labels)
     return {"x_train": x_train, "y_train": y_train, "x_test": x_test, "y_test": y_test}
+
+
+def _read(reader: Callable[[Path], Any], path: Path) -> Any:
+    """``reader(path)``, with a damaged or unreadable file reported as a ValueError naming it."""
+    try:
+        return reader(path)
+    except (OSError, EOFError, zlib.error, pickle.UnpicklingError, ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
+        raise ValueError(f"data.root: {path} cannot be read (damaged, or not this dataset's file): {e}") from None
 
 
 def _source_key(name: str, folder: Path) -> str:
