@@ -101,6 +101,7 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_table(args) -> int:
+    from fedsweep.config import tracking_uri_problem
     from fedsweep.table import best_settings, diverged_settings, load_runs, to_markdown
     from fedsweep.tracking import resolve_tracking_uri
 
@@ -114,6 +115,9 @@ def cmd_table(args) -> int:
         print(f"error: --target-accuracy: {args.target_accuracy} is outside (0, 1]; give a fraction, e.g. 0.876", file=sys.stderr)
         return EXIT_BAD_INPUT
     uri = resolve_tracking_uri(args.tracking_uri)
+    if problem := tracking_uri_problem(uri):
+        print(f"error: --tracking-uri ({uri}): {problem}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     try:
         runs, sweep_tags = load_runs(
             uri, args.experiment, args.sweep_run, args.target_accuracy, args.last_evaluations, args.max_over_rounds
@@ -163,9 +167,13 @@ def cmd_algorithms(args) -> int:
 
 
 def cmd_ui(args) -> int:
+    from fedsweep.config import tracking_uri_problem
     from fedsweep.tracking import resolve_tracking_uri
 
     uri = resolve_tracking_uri(args.tracking_uri)
+    if problem := tracking_uri_problem(uri):
+        print(f"error: --tracking-uri ({uri}): {problem}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     cmd = ["mlflow", "ui", "--backend-store-uri", uri, "--host", args.host, "--port", str(args.port)]
     print(f"MLflow UI on http://{args.host}:{args.port} for {uri}")
     return subprocess.call(cmd)

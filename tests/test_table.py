@@ -93,6 +93,8 @@ def test_table_cli_target_and_group_by(store, capsys):
     assert main(["table", "--experiment", "table-test", "--tracking-uri", store, "--target-accuracy", "87.6"]) == 2
     assert "--target-accuracy: 87.6 is outside (0, 1]" in capsys.readouterr().err
     assert main(["table", "--experiment", "table-test", "--tracking-uri", store, "--group-by", "nope"]) == 2
+    assert main(["table", "--experiment", "table-test", "--tracking-uri", "mongo://host/db"]) == 2
+    assert "--tracking-uri (mongo://host/db): unknown scheme 'mongo'" in capsys.readouterr().err
 
 
 def test_mean_over_the_last_evaluations(store, capsys):
