@@ -654,6 +654,21 @@ def tracking_uri_problem(uri: str) -> str | None:
     return None
 
 
+def _unreachable(address: str, timeout_s: float = 5.0) -> str | None:
+    """Why nothing answers at a host:port Ray address (a TCP connect; Ray's own would wait minutes); None
+    when something listens, or for 'auto' and 'local', which Ray resolves itself."""
+    import socket
+
+    if address in ("auto", "local"):
+        return None
+    host, port = address.removeprefix("ray://").rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        return f"nothing answers there ({e.strerror or type(e).__name__})"
+    return None
+
+
 def check_environment(configs: list[ExperimentConfig], file: str, storage_path: str | None = None) -> None:
     """Where the runs will go, before anything starts: the tracking URI, the Ray address (the config's or
     $RAY_ADDRESS) and the sweep's storage path are ones that can be used."""
@@ -666,9 +681,11 @@ def check_environment(configs: list[ExperimentConfig], file: str, storage_path: 
     source = "tracking.tracking_uri" if first.tracking.tracking_uri else ("$MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else "the default tracking URI")
     if problem := tracking_uri_problem(uri):
         problems.append(f"{file}: {source} ({uri}): {problem}")
-    env_address = os.environ.get("RAY_ADDRESS")
-    if not first.resources.ray_address and env_address and not re.match(RAY_ADDRESS_PATTERN, env_address):
-        problems.append(f"{file}: $RAY_ADDRESS={env_address!r} is not a Ray address; allowed: auto, host:port or ray://host:port")
+    address, source = first.resources.address(), ("resources.ray_address" if first.resources.ray_address else "$RAY_ADDRESS")
+    if address and not re.match(RAY_ADDRESS_PATTERN, address):
+        problems.append(f"{file}: {source}={address!r} is not a Ray address; allowed: auto, host:port or ray://host:port")
+    elif address and (problem := _unreachable(address)):
+        problems.append(f"{file}: {source}={address!r}: {problem}; start the cluster (ray start --head) or fix the address")
     if storage_path is not None:
         if "://" in storage_path:
             scheme = urlparse(storage_path).scheme

@@ -106,6 +106,7 @@ CASES = {
     ),
     "infinite resource count": (edit("cluster_cpus: 2", "cluster_cpus: .inf"), "resources.cluster_cpus"),
     "malformed ray address": (edit("cluster_cpus: 2", "cluster_cpus: 2, ray_address: 'http//head'"), "resources.ray_address"),
+    "no cluster at the ray address": (edit("cluster_cpus: 2", "ray_address: '127.0.0.1:9'"), "resources.ray_address='127.0.0.1:9': nothing answers there"),
     "tracking uri scheme": (edit("tracking: {experiment: bad}", "tracking: {experiment: bad, tracking_uri: 'mongo://x/y'}"),
                             "tracking.tracking_uri (mongo://x/y): unknown scheme 'mongo'"),
     "tracking path under a file": (edit("tracking: {experiment: bad}", "tracking: {experiment: bad, tracking_uri: bad.yaml/runs}"),
