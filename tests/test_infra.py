@@ -86,3 +86,16 @@ def test_the_cpu_check_of_the_cluster_grid_differs_from_it_only_where_it_says():
             allowed = source[key]["grid"] if isinstance(source[key], dict) else [source[key]]
             assert value in allowed, (entry["name"], key, value, allowed)
     assert load_sweep(ROOT / "sweeps" / "cifar_grid_cpu_check.yaml", check_cluster=False).trials
+
+
+def test_the_cpu_cut_of_the_pfl_protocol_differs_from_it_only_where_it_says():
+    """sweeps/pfl_acid_cifar10_cpu_cut.yaml is the PFL CIFAR-10 protocol cut for 2 CPU cores: the same data,
+    model and algorithm grid; fewer rounds, evaluations and seeds; a pool of one per trial."""
+    full = yaml.safe_load((ROOT / "sweeps" / "pfl_acid_cifar10.yaml").read_text())
+    cut = yaml.safe_load((ROOT / "sweeps" / "pfl_acid_cifar10_cpu_cut.yaml").read_text())
+    assert (cut["rounds"], cut["eval_every"], cut["sweep"]["seeds"]) == (50, 25, [0])
+    assert cut["resources"] == {"server_cpus": 0.2, "client_cpus": 0.8, "client_workers": 1, "actor_memory_mb": 1500}
+    same = {k: v for k, v in cut.items() if k not in ("name", "rounds", "eval_every", "resources", "tracking", "sweep")}
+    assert same == {k: v for k, v in full.items() if k in same} and set(same) == {"data", "model", "algorithm"}
+    assert {k: v for k, v in cut["sweep"].items() if k not in ("name", "seeds", "max_concurrent_trials")} == {
+        k: v for k, v in full["sweep"].items() if k not in ("name", "seeds", "max_concurrent_trials")}
