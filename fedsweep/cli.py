@@ -6,6 +6,7 @@ Exit codes: 0 success, 1 a run or trial failed, 2 bad input (nothing was started
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -84,16 +85,21 @@ def cmd_sweep(args) -> int:
     from fedsweep.config import load_sweep
     from fedsweep.sweep import run_sweep
     from fedsweep.table import best_settings, diverged_settings, load_runs, to_markdown
+    from fedsweep.tracking import resolve_tracking_uri
 
     sweep = load_sweep(args.file)
     print(f"{args.file}: {len(sweep.trials)} trial(s), at most {sweep.settings.max_concurrent_trials} at a time")
     out = run_sweep(sweep, verbose=0 if args.quiet else 1, resume=args.resume)
-    runs, _ = load_runs(out["tracking_uri"], sweep.trials[0].config.tracking.experiment, out["parent_run_id"])
+    experiment = sweep.trials[0].config.tracking.experiment
+    runs, _ = load_runs(out["tracking_uri"], experiment, out["parent_run_id"], sweep.settings.target_accuracy)
     print()
     print(f"Best setting per algorithm by final {sweep.settings.metric} ({sweep.settings.mode}), sweep run {out['parent_run_id']}:")
     print(to_markdown(best_settings(runs, sweep.settings.metric, sweep.settings.mode, sweep.settings.table_group_by)))
     if diverged := diverged_settings(runs):
         print("\n" + diverged)
+    print(f"\nReport (table, figures): artifacts report/ of run {out['parent_run_id']}, experiment '{experiment}' "
+          f"(#/experiments/{out['experiment_id']}/runs/{out['parent_run_id']} in `fedsweep ui"
+          + (f" --tracking-uri {out['tracking_uri']}" if out["tracking_uri"] != resolve_tracking_uri(None) else "") + "`)")
     if out["errors"]:
         print(f"{out['errors']} trial(s) failed; see the Tune output above", file=sys.stderr)
         return EXIT_FAILED
@@ -149,6 +155,31 @@ def cmd_table(args) -> int:
     else:
         table.to_parquet(args.output, index=False)
     print(f"wrote {len(table)} row(s) to {args.output}")
+    return 0
+
+
+def cmd_report(args) -> int:
+    """Rebuild a sweep's report and log it to its parent run (the newest sweep of the experiment by default)."""
+    from fedsweep.config import tracking_uri_problem
+    from fedsweep.report import build_report, log_report, newest_sweep_run
+    from fedsweep.tracking import resolve_tracking_uri
+
+    uri = resolve_tracking_uri(args.tracking_uri)
+    if problem := tracking_uri_problem(uri):
+        print(f"error: --tracking-uri ({uri}): {problem}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        parent, tags = newest_sweep_run(uri, args.experiment, args.sweep_run)
+    except LookupError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    target = float(tags["fedsweep.target_accuracy"]) if "fedsweep.target_accuracy" in tags else None
+    report = build_report(uri, args.experiment, parent, group_by=json.loads(tags.get("fedsweep.table_group_by", "[]")),
+                          target_accuracy=target)
+    log_report(uri, parent, report)
+    print(report.markdown)
+    print(f"\nlogged to run {parent}: report/ ({', '.join(['table.md', 'table.csv', 'table.parquet', *report.figures])}) "
+          f"and {len(report.summary)} best/* metric(s)")
     return 0
 
 
@@ -229,6 +260,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="split rows by this logged parameter too (e.g. model.name, algorithm.local_steps); repeatable",
     )
     s.set_defaults(func=cmd_table)
+
+    s = sub.add_parser("report", help="rebuild a sweep's report (table, figures, best/* metrics) on its parent MLflow run")
+    s.add_argument("--experiment", required=True, help="MLflow experiment name")
+    s.add_argument("--sweep-run", default=None, help="the sweep's parent run id (default: the experiment's newest sweep)")
+    s.add_argument("--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")
+    s.set_defaults(func=cmd_report)
 
     s = sub.add_parser("algorithms", help="list the algorithms and their hyperparameters")
     s.set_defaults(func=cmd_algorithms)

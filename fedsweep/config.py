@@ -267,6 +267,13 @@ class SweepSettings(StrictModel):
         description="Times Tune reruns a trial that failed (its ServerActor died, a node was lost), from "
         "round 0; the failed attempt's MLflow run is deleted (FailureConfig.max_failures).",
     )
+    target_accuracy: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Personalized accuracy (a fraction, e.g. 0.876) whose first round and model transmissions "
+        "the table and the report give for each best setting; null = none.",
+    )
     table_group_by: list[str] = Field(
         default_factory=list,
         description="Parameters (flat names, e.g. model.name, algorithm.local_steps) that split the table's "

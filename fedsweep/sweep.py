@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from ray import tune
 from fedsweep import checkpoint as checkpoint_files
 from fedsweep.config import ConfigError, ExperimentConfig, Sweep
 from fedsweep.experiment import check_cluster, connect_ray, execute
-from fedsweep.tracking import TAG_PREFIX, RunLogger, client, ensure_experiment, resolve_tracking_uri
+from fedsweep.tracking import TAG_PREFIX, RunLogger, client, ensure_experiment, resolve_tracking_uri, trial_title
 
 
 def _git_sha() -> str:
@@ -71,7 +72,7 @@ def _trial(config: dict[str, Any], configs: list[ExperimentConfig], overrides: l
         tracking["uri"],
         tracking["experiment_id"],
         cfg,
-        run_name=f"{cfg.algorithm.name}-{index:03d}",
+        run_name=f"{trial_title(cfg, overrides[index])} #{index}",
         parent_run_id=tracking["parent_run_id"],
         overrides=overrides[index],
         tags={"ray.trial_id": ctx.get_trial_id(), f"{TAG_PREFIX}trial_index": str(index)},
@@ -90,6 +91,51 @@ def _trial(config: dict[str, Any], configs: list[ExperimentConfig], overrides: l
 
     execute(cfg, logger, report, trial_placement_group=ray.util.get_current_placement_group(),
             checkpoint_every=checkpoint_every if trial_dir else 0, on_checkpoint=save_and_report, resume=resume)
+
+
+class _Progress(tune.Callback):
+    """One line at each trial's end: trials done, running and waiting, and the time left at the pace so far."""
+
+    def __init__(self, total: int):
+        self.total, self.t0, self.ended_here = total, time.monotonic(), set()
+
+    def setup(self, **info) -> None:  # also when a resumed sweep starts: its pace is this process's
+        self.t0, self.ended_here = time.monotonic(), set()
+
+    def on_trial_complete(self, iteration: int, trials: list, trial, **info) -> None:
+        self._line(trials, trial)
+
+    def on_trial_error(self, iteration: int, trials: list, trial, **info) -> None:
+        self._line(trials, trial)
+
+    def _line(self, trials: list, ended) -> None:
+        self.ended_here.add(ended.trial_id)
+        done = {t.trial_id for t in trials if t.status in ("TERMINATED", "ERROR")} | {ended.trial_id}
+        running = sum(t.status == "RUNNING" and t.trial_id not in done for t in trials)
+        elapsed = time.monotonic() - self.t0
+        left = elapsed / len(self.ended_here) * (self.total - len(done))
+        print(f"[fedsweep] {len(done)}/{self.total} trials done, {running} running, "
+              f"{self.total - len(done) - running} waiting; {_duration(elapsed)} so far, about {_duration(left)} left",
+              flush=True)
+
+
+def _duration(seconds: float) -> str:
+    minutes, s = divmod(int(seconds), 60)
+    return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m{s:02d}s"
+
+
+def _log_report(uri: str, experiment: str, parent: str, settings) -> None:
+    """The sweep's report on its parent run (:mod:`fedsweep.report`); a failure to draw it is said, and
+    loses nothing the trials logged."""
+    from fedsweep.report import build_report, log_report
+
+    try:
+        report = build_report(uri, experiment, parent, settings.metric, settings.mode, settings.table_group_by,
+                              settings.target_accuracy)
+        log_report(uri, parent, report)
+    except Exception as e:  # noqa: BLE001 - the trials' runs are what matters; the report can be rebuilt
+        print(f"warning: the sweep report was not logged ({type(e).__name__}: {e}); rebuild it with "
+              f"fedsweep report --experiment {experiment} --sweep-run {parent}", file=sys.stderr)
 
 
 def _storage(sweep: Sweep) -> str:
@@ -146,6 +192,8 @@ def run_sweep(sweep: Sweep, verbose: int = 1, resume: bool = False) -> dict[str,
                 f"{TAG_PREFIX}sweep": "true",
                 f"{TAG_PREFIX}metric": settings.metric,
                 f"{TAG_PREFIX}mode": settings.mode,
+                **({f"{TAG_PREFIX}target_accuracy": str(settings.target_accuracy)} if settings.target_accuracy else {}),
+                f"{TAG_PREFIX}table_group_by": json.dumps(settings.table_group_by),
                 f"{TAG_PREFIX}trials": str(len(configs)),
                 f"{TAG_PREFIX}yaml_sha1": sweep.source_hash(),
                 f"{TAG_PREFIX}source_file": sweep.path,
@@ -165,6 +213,8 @@ def run_sweep(sweep: Sweep, verbose: int = 1, resume: bool = False) -> dict[str,
             strategy="PACK",
         ),
     )
+    titles = [trial_title(t.config, t.overrides) for t in sweep.trials]
+    callbacks = [_Progress(len(sweep.trials))] if verbose else []
     if restore_from is not None:
         tuner = tune.Tuner.restore(str(experiment_dir), trainable, resume_unfinished=True, restart_errored=True)
     else:
@@ -173,6 +223,9 @@ def run_sweep(sweep: Sweep, verbose: int = 1, resume: bool = False) -> dict[str,
             trainable,
             param_space={"point": tune.grid_search([{"trial": t.index, **t.overrides} for t in sweep.trials])},
             tune_config=tune.TuneConfig(
+                # the console and the Tune folders name trials by what they are, not by an opaque point
+                trial_name_creator=lambda trial: f"{titles[trial.config['point']['trial']]} #{trial.config['point']['trial']}",
+                trial_dirname_creator=lambda trial: f"trial_{trial.config['point']['trial']:04d}_{trial.trial_id}",
                 metric=settings.metric,
                 mode=settings.mode,
                 max_concurrent_trials=settings.max_concurrent_trials,
@@ -185,6 +238,7 @@ def run_sweep(sweep: Sweep, verbose: int = 1, resume: bool = False) -> dict[str,
                 storage_path=_storage(sweep),
                 verbose=verbose,
                 failure_config=tune.FailureConfig(max_failures=settings.trial_retries),
+                callbacks=callbacks,
             ),
         )
         if experiment_dir is not None:
@@ -196,6 +250,7 @@ def run_sweep(sweep: Sweep, verbose: int = 1, resume: bool = False) -> dict[str,
         results = tuner.fit()
         errors = sum(1 for r in results if r.error is not None)
         status = "FINISHED" if errors == 0 else "FAILED"
+        _log_report(uri, first.tracking.experiment, parent, settings)
     finally:
         mlflow.set_terminated(parent, status)
     return {"parent_run_id": parent, "results": results, "errors": errors, "tracking_uri": uri, "experiment_id": experiment_id}

@@ -152,6 +152,7 @@ def best_settings(runs: pd.DataFrame, metric: str, mode: str = "max", group_by: 
                 values = reached[key].to_numpy(dtype=float)
                 row[f"{key} mean"] = float(values.mean()) if len(values) else math.nan
                 row[f"{key} ci95"] = ci95(values)
+        row["setting key"] = best  # fedsweep.setting of its runs: what the report and the analyst filter on
         rows.append(row)
     return pd.DataFrame(rows)
 

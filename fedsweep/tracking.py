@@ -70,6 +70,24 @@ def _batched(items: list, size: int):
         yield items[i : i + size]
 
 
+#: The shared vocabulary's symbols (ALGORITHMS.md) of hyperparameters, by name or alias; for trial names,
+#: legends and axis labels.
+SYMBOLS = {"local_lr": "β", "beta": "β", "personalization_lr": "α", "alpha": "α", "coupling": "λ", "lambda": "λ",
+           "local_steps": "τ", "tau": "τ", "participation_rate": "r"}
+
+
+def in_vocabulary(label: str) -> str:
+    """A setting label (``local_lr=0.1, alpha=0.2``) in the shared symbols (``β=0.1, α=0.2``)."""
+    parts = [p.split("=", 1) for p in label.split(", ") if "=" in p]
+    return ", ".join(f"{SYMBOLS.get(k, k)}={v}" for k, v in parts) or label
+
+
+def trial_title(cfg: ExperimentConfig, overrides: dict[str, Any]) -> str:
+    """What a trial is, for people: ``fedavg β=0.05, α=0 seed=1``."""
+    setting = setting_label(overrides)
+    return f"{cfg.algorithm.name} {in_vocabulary(setting) if setting != 'default' else ''} seed={cfg.seed}".replace("  ", " ")
+
+
 def setting_label(overrides: dict[str, Any]) -> str:
     """The grid values that define a setting (seed and algorithm name left out)."""
     parts = [

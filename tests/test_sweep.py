@@ -65,7 +65,7 @@ def test_sweep_of_four_trials_two_at_a_time(finished_sweep, tracking_uri):
             a.path for a in c.list_artifacts(r.info.run_id, "clients")
         }
         assert artifacts == {"plots/accuracy_vs_round.png", "clients/final_round.json"}
-    assert {a.path for a in c.list_artifacts(parents[0].info.run_id)} == {"sweep.yaml"}
+    assert {a.path for a in c.list_artifacts(parents[0].info.run_id)} == {"sweep.yaml", "report"}
     # At most two trials ran at once, and two did overlap.
     spans = sorted((r.info.start_time, r.info.end_time) for r in children)
     overlaps = [sum(1 for s, e in spans if s < t_end and e > t_start) for t_start, t_end in spans]
