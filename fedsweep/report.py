@@ -158,10 +158,9 @@ def client_accuracies(c, run_ids: list[str]) -> np.ndarray:
     """Final-round personalized accuracy of every client of these runs (their ``clients/final_round.json``)."""
     values: list[float] = []
     for run_id in run_ids:
-        try:
-            path = c.download_artifacts(run_id, "clients/final_round.json")
-        except Exception:  # noqa: BLE001 - a run logged without its client table (log_client_table: false)
-            continue
+        if "clients/final_round.json" not in {a.path for a in c.list_artifacts(run_id, "clients")}:
+            continue  # logged without its client table (tracking.log_client_table: false)
+        path = c.download_artifacts(run_id, "clients/final_round.json")
         with open(path) as f:
             table = json.load(f)
         column = table["columns"].index("personalized_accuracy")
