@@ -193,3 +193,41 @@ def test_ui_shows_experiment_runs_and_a_metric_chart(logged_sweep, browser, tmp_
     browser.save_screenshot(str(tmp_path / "metrics.png"))
     assert points and child.info.run_name in body(browser)
     assert "Step" in plots[0].text  # x axis: the round
+
+
+def test_ui_shows_the_sweep_report_on_the_parent_run(logged_sweep, browser, tmp_path):
+    """The analyst's way in: the sweep's parent run, its artifacts, report/comparison.png drawn as an image.
+    With $FEDSWEEP_SCREENSHOTS set, the screenshot is also copied there (how docs/report_in_mlflow.png was made)."""
+    from mlflow import MlflowClient
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    url, out = logged_sweep
+    exp = MlflowClient(url).get_experiment_by_name("ui-test")
+    waiter = WebDriverWait(browser, 90, poll_frequency=1)
+    body = lambda d: d.find_element("tag name", "body").text
+
+    def wait(condition, what: str):
+        try:
+            return waiter.until(condition)
+        except TimeoutException:
+            browser.save_screenshot(str(tmp_path / "timeout.png"))
+            pytest.fail(f"the UI did not show {what} in 90 s; it shows:\n{body(browser)[:2000]}")
+
+    def named(text: str):
+        return lambda d: [e for e in d.find_elements("xpath", f"//*[normalize-space(text())='{text}']") if e.is_displayed()]
+
+    browser.set_window_size(1400, 1000)
+    browser.get(f"{url}/#/experiments/{exp.experiment_id}/runs/{out['parent_run_id']}/artifacts")
+    wait(named("report"), "the report folder among the parent run's artifacts")[0].click()
+    wait(named("comparison.png"), "report/comparison.png")[0].click()
+    # the artifact viewer draws the file it fetched (a blob: URL) as an image of the figure's own width
+    image = wait(lambda d: [i for i in d.find_elements("tag name", "img")
+                            if i.is_displayed() and int(i.get_attribute("naturalWidth") or 0) >= 600],
+                 "the comparison figure drawn")
+    assert image
+    browser.save_screenshot(str(tmp_path / "report.png"))
+    if os.environ.get("FEDSWEEP_SCREENSHOTS"):
+        shutil.copy(tmp_path / "report.png", Path(os.environ["FEDSWEEP_SCREENSHOTS"]) / "report_in_mlflow.png")
+    for name in ("table.md", "table.csv", "clients.png"):  # the rest of the report beside it
+        assert named(name)(browser), name
