@@ -67,7 +67,7 @@ def _best_runs(runs: pd.DataFrame, table: pd.DataFrame) -> dict[str, pd.DataFram
     return {row["algorithm"]: runs[runs["setting"] == row["setting key"]] for _, row in table.iterrows()}
 
 
-def comparison_figure(c, best: dict[str, pd.DataFrame], metric_title: str) -> bytes:
+def comparison_figure(c, best: dict[str, pd.DataFrame], metric_title: str, target: float | None = None) -> bytes:
     """Mean over seeds ± 95% CI, per evaluation round, of each best setting."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
@@ -86,6 +86,8 @@ def comparison_figure(c, best: dict[str, pd.DataFrame], metric_title: str) -> by
             if style == "-" and len(histories) > 1:
                 half = np.array([ci95(values[:, j]) for j in range(len(rounds))])
                 ax.fill_between(rounds, np.clip(mean - half, 0, 1), np.clip(mean + half, 0, 1), color=color, alpha=0.18, linewidth=0)
+    if target is not None:
+        ax.axhline(target, color="gray", linestyle=":", linewidth=1, label=f"target accuracy {target:g}")
     ax.set_xlabel("round")
     ax.set_ylabel("test accuracy (fraction)")
     ax.set_ylim(0, 1)
@@ -205,7 +207,7 @@ def build_report(
     c = client(uri)
     finished = runs[runs["outcome"] == "finished"]
     best = _best_runs(finished, table)
-    report.figures["comparison.png"] = comparison_figure(c, best, metric)
+    report.figures["comparison.png"] = comparison_figure(c, best, metric, target_accuracy)
     for algorithm, group in finished.groupby("algorithm", sort=True):
         if (png := sensitivity_figure(algorithm, group, metric)) is not None:
             report.figures[f"sensitivity_{algorithm.split(' ')[0]}.png"] = png
