@@ -153,26 +153,37 @@ def browser():
     driver.quit()
 
 
-def test_ui_shows_experiment_runs_and_a_metric_chart(logged_sweep, browser, tmp_path):
-    from mlflow import MlflowClient
+def body(browser) -> str:
+    return browser.find_element("tag name", "body").text
+
+
+def waiter(browser, tmp_path: Path):
+    """``wait(condition, what)``: the condition's value once truthy; after 90 s a failure naming ``what``,
+    with what the page shows instead (and a screenshot, timeout.png)."""
+    from selenium.common.exceptions import TimeoutException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    body = lambda d: d.find_element("tag name", "body").text
+    until = WebDriverWait(browser, 90, poll_frequency=1).until
+
+    def wait(condition, what: str):
+        try:
+            return until(condition)
+        except TimeoutException:
+            browser.save_screenshot(str(tmp_path / "timeout.png"))
+            pytest.fail(f"the UI did not show {what} in 90 s; it shows:\n{body(browser)[:2000]}")
+
+    return wait
+
+
+def test_ui_shows_experiment_runs_and_a_metric_chart(logged_sweep, browser, tmp_path):
+    from mlflow import MlflowClient
+
     url, _ = logged_sweep
     c = MlflowClient(url)
     exp = c.get_experiment_by_name("ui-test")
     runs = c.search_runs([exp.experiment_id])
     child = next(r for r in runs if "mlflow.parentRunId" in r.data.tags)
-    waiter = WebDriverWait(browser, 90, poll_frequency=1)
-
-    def wait(condition, what: str):
-        from selenium.common.exceptions import TimeoutException
-
-        try:
-            return waiter.until(condition)
-        except TimeoutException:
-            browser.save_screenshot(str(tmp_path / "timeout.png"))
-            pytest.fail(f"the UI did not show {what} in 90 s; it shows:\n{body(browser)[:2000]}")
+    wait = waiter(browser, tmp_path)
 
     browser.get(f"{url}/#/experiments/{exp.experiment_id}/runs")
     wait(lambda d: f"{len(runs)} matching runs" in body(d), f"'{len(runs)} matching runs'")
@@ -199,20 +210,10 @@ def test_ui_shows_the_sweep_report_on_the_parent_run(logged_sweep, browser, tmp_
     """The analyst's way in: the sweep's parent run, its artifacts, report/comparison.png drawn as an image.
     With $FEDSWEEP_SCREENSHOTS set, the screenshot is also copied there (how docs/report_in_mlflow.png was made)."""
     from mlflow import MlflowClient
-    from selenium.common.exceptions import TimeoutException
-    from selenium.webdriver.support.ui import WebDriverWait
 
     url, out = logged_sweep
     exp = MlflowClient(url).get_experiment_by_name("ui-test")
-    waiter = WebDriverWait(browser, 90, poll_frequency=1)
-    body = lambda d: d.find_element("tag name", "body").text
-
-    def wait(condition, what: str):
-        try:
-            return waiter.until(condition)
-        except TimeoutException:
-            browser.save_screenshot(str(tmp_path / "timeout.png"))
-            pytest.fail(f"the UI did not show {what} in 90 s; it shows:\n{body(browser)[:2000]}")
+    wait = waiter(browser, tmp_path)
 
     def named(text: str):
         return lambda d: [e for e in d.find_elements("xpath", f"//*[normalize-space(text())='{text}']") if e.is_displayed()]
