@@ -19,6 +19,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 import re
 from dataclasses import dataclass, field
 
@@ -28,8 +29,9 @@ import pandas as pd
 from fedsweep.table import best_settings, ci95, load_runs, to_markdown
 from fedsweep.tracking import SYMBOLS, client, in_vocabulary
 
-#: The per-round curves of the comparison figure: (metric, line style, label suffix).
-CURVES = (("personalized_accuracy_mean", "-", "personalized"), ("global_accuracy", "--", "global model"))
+#: The per-round curves of the comparison figure: (metric, line style, what the style means).
+CURVES = (("personalized_accuracy_mean", "-", "solid: personalized (mean over clients)"),
+          ("global_accuracy", "--", "dashed: global model"))
 @dataclass
 class Report:
     table: pd.DataFrame
@@ -68,34 +70,37 @@ def _best_runs(runs: pd.DataFrame, table: pd.DataFrame) -> dict[str, pd.DataFram
 
 
 def comparison_figure(c, best: dict[str, pd.DataFrame], metric_title: str, target: float | None = None) -> bytes:
-    """Mean over seeds ± 95% CI, per evaluation round, of each best setting."""
+    """Mean over seeds ± 95% CI, per evaluation round, of each best setting: one colour per algorithm,
+    solid its personalized accuracy, dashed its global model's."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    fig, ax = plt.subplots(figsize=(8, 4.2 + 0.22 * len(best)))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, (algorithm, chosen) in enumerate(best.items()):
         color = colors[i % len(colors)]
-        for metric, style, suffix in CURVES:
+        for metric, style, _ in CURVES:
             histories = [{m.step: m.value for m in c.get_metric_history(run_id, metric)} for run_id in chosen["run_id"]]
             rounds = sorted(set.intersection(*(set(h) for h in histories))) if histories else []
             if not rounds:
                 continue
             values = np.array([[h[r] for r in rounds] for h in histories])
             mean = values.mean(axis=0)
-            label = f"{algorithm} ({in_vocabulary(chosen['setting_label'].iloc[0])}), {suffix}"
-            ax.plot(rounds, mean, style, color=color, label=label, linewidth=1.5 if style == "-" else 1.0)
+            label = f"{algorithm} ({in_vocabulary(chosen['setting_label'].iloc[0])})" if style == "-" else None
+            ax.plot(rounds, mean, style, color=color, label=label, linewidth=1.6 if style == "-" else 1.0)
             if style == "-" and len(histories) > 1:
                 half = np.array([ci95(values[:, j]) for j in range(len(rounds))])
-                ax.fill_between(rounds, np.clip(mean - half, 0, 1), np.clip(mean + half, 0, 1), color=color, alpha=0.18, linewidth=0)
+                ax.fill_between(rounds, np.clip(mean - half, 0, 1), np.clip(mean + half, 0, 1), color=color, alpha=0.15, linewidth=0)
+    for (_, style, suffix) in CURVES:  # what solid and dashed mean, once
+        ax.plot([], [], style, color="black", linewidth=1.0, label=suffix)
     if target is not None:
         ax.axhline(target, color="gray", linestyle=":", linewidth=1, label=f"target accuracy {target:g}")
     ax.set_xlabel("round")
     ax.set_ylabel("test accuracy (fraction)")
     ax.set_ylim(0, 1)
     ax.xaxis.get_major_locator().set_params(integer=True)
-    ax.set_title(f"Best setting per algorithm, chosen by final {metric_title}\nmean over seeds; band: 95% CI of the "
-                 "personalized mean; dashed: global model", fontsize=9)
+    ax.set_title(f"Best setting per algorithm, chosen by final {metric_title}\nmean over seeds; band: 95% CI over seeds",
+                 fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1, frameon=False)
     fig.tight_layout()
     return _png(fig)
 
@@ -156,17 +161,29 @@ def sensitivity_figure(algorithm: str, group: pd.DataFrame, metric: str) -> byte
     return _png(fig)
 
 
+#: MLflow draws a progress bar per downloaded file unless this says false.
+_PROGRESS_BAR = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+
+
 def client_accuracies(c, run_ids: list[str]) -> np.ndarray:
-    """Final-round personalized accuracy of every client of these runs (their ``clients/final_round.json``)."""
+    """Final-round personalized accuracy of every client of these runs (their ``clients/final_round.json``;
+    a run logged without it, tracking.log_client_table: false, adds none)."""
     values: list[float] = []
-    for run_id in run_ids:
-        if "clients/final_round.json" not in {a.path for a in c.list_artifacts(run_id, "clients")}:
-            continue  # logged without its client table (tracking.log_client_table: false)
-        path = c.download_artifacts(run_id, "clients/final_round.json")
-        with open(path) as f:
-            table = json.load(f)
-        column = table["columns"].index("personalized_accuracy")
-        values += [float(row[column]) for row in table["data"]]
+    before = os.environ.get(_PROGRESS_BAR)
+    os.environ[_PROGRESS_BAR] = "false"  # a bar per file at the end of a sweep is noise
+    try:
+        for run_id in run_ids:
+            if "clients/final_round.json" not in {a.path for a in c.list_artifacts(run_id, "clients")}:
+                continue
+            with open(c.download_artifacts(run_id, "clients/final_round.json")) as f:
+                table = json.load(f)
+            column = table["columns"].index("personalized_accuracy")
+            values += [float(row[column]) for row in table["data"]]
+    finally:
+        if before is None:
+            del os.environ[_PROGRESS_BAR]
+        else:
+            os.environ[_PROGRESS_BAR] = before
     return np.array(values)
 
 
