@@ -57,7 +57,7 @@ def _trial(config: dict[str, Any], configs: list[ExperimentConfig], overrides: l
     ``checkpoint_every`` rounds it saves a checkpoint under ``checkpoint_root/trial_NNNN`` (kept by
     fedsweep, not Tune, so that what is on disk never depends on when Tune last saved its own state);
     a trial that starts again (resume, retry) goes on from the newest one."""
-    index = config["point"]["trial"]
+    index = config["trial"]
     cfg = configs[index]
     ctx = tune.get_context()
     trial_dir = Path(checkpoint_root) / f"trial_{index:04d}" if checkpoint_root else None
@@ -209,7 +209,7 @@ def run_sweep(sweep: Sweep, verbose: int = 1, resume: bool = False) -> dict[str,
     trainable = tune.with_resources(
         trainable,
         lambda spec: PlacementGroupFactory(
-            configs[spec["point"]["trial"]].resources.bundles(configs[spec["point"]["trial"]].num_clients),
+            configs[spec["trial"]].resources.bundles(configs[spec["trial"]].num_clients),
             strategy="PACK",
         ),
     )
@@ -221,11 +221,13 @@ def run_sweep(sweep: Sweep, verbose: int = 1, resume: bool = False) -> dict[str,
         mlflow.log_text(parent, sweep.source, "sweep.yaml")
         tuner = tune.Tuner(
             trainable,
-            param_space={"point": tune.grid_search([{"trial": t.index, **t.overrides} for t in sweep.trials])},
+            # the trial's index only: its values are in its name, its MLflow params and the sweep file (a
+            # dict here made Tune's console show a truncated "point" column)
+            param_space={"trial": tune.grid_search([t.index for t in sweep.trials])},
             tune_config=tune.TuneConfig(
                 # the console and the Tune folders name trials by what they are, not by an opaque point
-                trial_name_creator=lambda trial: f"{titles[trial.config['point']['trial']]} #{trial.config['point']['trial']}",
-                trial_dirname_creator=lambda trial: f"trial_{trial.config['point']['trial']:04d}_{trial.trial_id}",
+                trial_name_creator=lambda trial: f"{titles[trial.config['trial']]} #{trial.config['trial']}",
+                trial_dirname_creator=lambda trial: f"trial_{trial.config['trial']:04d}_{trial.trial_id}",
                 metric=settings.metric,
                 mode=settings.mode,
                 max_concurrent_trials=settings.max_concurrent_trials,
