@@ -24,6 +24,19 @@ def _print_problems(err: ConfigError) -> int:
     return EXIT_BAD_INPUT
 
 
+def _tracking_uri(configured: str | None) -> str | None:
+    """The store a command reads (``--tracking-uri``, else $MLFLOW_TRACKING_URI, else ./mlflow.db); None,
+    after saying why, when it cannot be one."""
+    from fedsweep.config import tracking_uri_problem
+    from fedsweep.tracking import resolve_tracking_uri
+
+    uri = resolve_tracking_uri(configured)
+    if problem := tracking_uri_problem(uri):
+        print(f"error: --tracking-uri ({uri}): {problem}", file=sys.stderr)
+        return None
+    return uri
+
+
 def cmd_validate(args) -> int:
     """Every file is checked (one Python start for all, e.g. ``fedsweep validate sweeps/*.yaml``); exit 2 if any is bad."""
     from fedsweep.config import load_sweep
@@ -107,9 +120,7 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_table(args) -> int:
-    from fedsweep.config import tracking_uri_problem
     from fedsweep.table import best_settings, diverged_settings, load_runs, to_markdown
-    from fedsweep.tracking import resolve_tracking_uri
 
     if args.last_evaluations < 1:
         print(f"error: --last-evaluations: {args.last_evaluations}; allowed: an integer >= 1", file=sys.stderr)
@@ -120,9 +131,7 @@ def cmd_table(args) -> int:
     if args.target_accuracy is not None and not 0 < args.target_accuracy <= 1:
         print(f"error: --target-accuracy: {args.target_accuracy} is outside (0, 1]; give a fraction, e.g. 0.876", file=sys.stderr)
         return EXIT_BAD_INPUT
-    uri = resolve_tracking_uri(args.tracking_uri)
-    if problem := tracking_uri_problem(uri):
-        print(f"error: --tracking-uri ({uri}): {problem}", file=sys.stderr)
+    if (uri := _tracking_uri(args.tracking_uri)) is None:
         return EXIT_BAD_INPUT
     try:
         runs, sweep_tags = load_runs(
@@ -160,13 +169,9 @@ def cmd_table(args) -> int:
 
 def cmd_report(args) -> int:
     """Rebuild a sweep's report and log it to its parent run (the newest sweep of the experiment by default)."""
-    from fedsweep.config import tracking_uri_problem
     from fedsweep.report import build_report, log_report, newest_sweep_run
-    from fedsweep.tracking import resolve_tracking_uri
 
-    uri = resolve_tracking_uri(args.tracking_uri)
-    if problem := tracking_uri_problem(uri):
-        print(f"error: --tracking-uri ({uri}): {problem}", file=sys.stderr)
+    if (uri := _tracking_uri(args.tracking_uri)) is None:
         return EXIT_BAD_INPUT
     try:
         parent, tags = newest_sweep_run(uri, args.experiment, args.sweep_run)
@@ -198,12 +203,7 @@ def cmd_algorithms(args) -> int:
 
 
 def cmd_ui(args) -> int:
-    from fedsweep.config import tracking_uri_problem
-    from fedsweep.tracking import resolve_tracking_uri
-
-    uri = resolve_tracking_uri(args.tracking_uri)
-    if problem := tracking_uri_problem(uri):
-        print(f"error: --tracking-uri ({uri}): {problem}", file=sys.stderr)
+    if (uri := _tracking_uri(args.tracking_uri)) is None:
         return EXIT_BAD_INPUT
     cmd = ["mlflow", "ui", "--backend-store-uri", uri, "--host", args.host, "--port", str(args.port)]
     print(f"MLflow UI on http://{args.host}:{args.port} for {uri}")
