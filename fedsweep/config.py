@@ -211,7 +211,7 @@ class ExperimentConfig(StrictModel):
                 "algorithm without the proto transform"
             )
         if self.model.name == "cnn":
-            parameter_count(self.model, input_features(self.data), 10)  # raises if the inputs are not images it can take
+            parameter_count(self.model, input_features(self.data), num_classes(self.data))  # raises if the inputs are not images it can take
         if self.resources.client_workers > n:
             raise ValueError(
                 f"resources.client_workers={self.resources.client_workers} is more workers than clients "
@@ -684,7 +684,9 @@ def check_environment(configs: list[ExperimentConfig], file: str, storage_path: 
 
     problems: list[str] = []
     first = configs[0]
-    uri = first.tracking.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
+    from fedsweep.tracking import resolve_tracking_uri  # (tracking imports this module)
+
+    uri = resolve_tracking_uri(first.tracking.tracking_uri)
     source = "tracking.tracking_uri" if first.tracking.tracking_uri else ("$MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else "the default tracking URI")
     if problem := tracking_uri_problem(uri):
         problems.append(f"{file}: {source} ({uri}): {problem}")
@@ -726,6 +728,14 @@ def check_data(configs: list[ExperimentConfig], file: str) -> None:
         raise ConfigError(problems)
 
 
+def check_before_start(configs: list[ExperimentConfig], file: str, storage_path: str | None = None) -> None:
+    """What `validate`, `run` and `sweep` all check after the schema and before any Ray or MLflow work:
+    where the runs go, whether the trials fit the cluster, and the dataset files."""
+    check_environment(configs, file, storage_path)
+    check_resources(configs, file)
+    check_data(configs, file)
+
+
 def load_experiment(path: str | Path, check_cluster: bool = True) -> ExperimentConfig:
     """Read and validate a single-experiment file (no grids; a ``sweep:`` section is ignored)."""
     raw, _, lines = read_yaml(path)
@@ -735,9 +745,7 @@ def load_experiment(path: str | Path, check_cluster: bool = True) -> ExperimentC
         raise ConfigError([f"{path}: {g}: a grid is only allowed in a sweep ('fedsweep sweep {path}')" for g in grids])
     cfg = validate(raw, str(path), lines)
     if check_cluster:
-        check_environment([cfg], str(path))
-        check_resources([cfg], str(path))
-        check_data([cfg], str(path))
+        check_before_start([cfg], str(path))
     return cfg
 
 
@@ -823,9 +831,7 @@ def load_sweep(path: str | Path, check_cluster: bool = True) -> Sweep:
         raise ConfigError(problems)
     assert settings is not None
     if check_cluster:
-        check_environment([t.config for t in trials], file, settings.storage_path)
-        check_resources([t.config for t in trials], file)
-        check_data([t.config for t in trials], file)
+        check_before_start([t.config for t in trials], file, settings.storage_path)
     return Sweep(settings, trials, source, file)
 
 

@@ -85,7 +85,8 @@ def in_vocabulary(label: str) -> str:
 def trial_title(cfg: ExperimentConfig, overrides: dict[str, Any]) -> str:
     """What a trial is, for people: ``fedavg β=0.05, α=0 seed=1``."""
     setting = setting_label(overrides)
-    return f"{cfg.algorithm.name} {in_vocabulary(setting) if setting != 'default' else ''} seed={cfg.seed}".replace("  ", " ")
+    words = [cfg.algorithm.name, in_vocabulary(setting) if setting != "default" else None, f"seed={cfg.seed}"]
+    return " ".join(w for w in words if w)
 
 
 def setting_label(overrides: dict[str, Any]) -> str:

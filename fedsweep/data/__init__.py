@@ -198,7 +198,7 @@ class ImageConfig(StrictModel):
         p = self.partition
         if isinstance(p, PFedMeMNISTPartition) and p.max_samples < p.min_samples:
             raise ValueError(f"partition.max_samples ({p.max_samples}) must be >= partition.min_samples ({p.min_samples})")
-        classes = 100 if self.dataset == "cifar100" else 10
+        classes = num_classes(self)
         k = getattr(p, "classes_per_client", getattr(p, "labels_per_client", 1))
         if k > classes:
             raise ValueError(f"partition: {k} classes per client exceeds the {classes} classes of {self.dataset}")
