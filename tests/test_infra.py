@@ -88,6 +88,18 @@ def test_the_cpu_check_of_the_cluster_grid_differs_from_it_only_where_it_says():
     assert load_sweep(ROOT / "sweeps" / "cifar_grid_cpu_check.yaml", check_cluster=False).trials
 
 
+def test_the_authors_data_variant_of_pfedme_mnist_differs_from_the_protocol_only_in_its_two_data_settings():
+    """sweeps/pfedme_table1_mnist_authors_data.yaml tests the cause found for the MNIST gap: the authors'
+    label chain and pixel standardization; every other setting is the protocol file's."""
+    first = yaml.safe_load((ROOT / "sweeps" / "pfedme_table1_mnist.yaml").read_text())
+    variant = yaml.safe_load((ROOT / "sweeps" / "pfedme_table1_mnist_authors_data.yaml").read_text())
+    assert variant["data"].pop("input_scaling") == "standardized"
+    assert variant["data"]["partition"].pop("label_assignment") == "chain"
+    for doc in (first, variant):
+        doc.pop("name"), doc["tracking"].pop("experiment"), doc["sweep"].pop("name")
+    assert variant == first
+
+
 def test_the_cpu_cut_of_the_pfl_protocol_differs_from_it_only_where_it_says():
     """sweeps/pfl_acid_cifar10_cpu_cut.yaml is the PFL CIFAR-10 protocol cut for 2 CPU cores: the same data,
     model and algorithm grid; fewer rounds, evaluations and seeds; a pool of one per trial."""

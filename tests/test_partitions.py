@@ -77,6 +77,17 @@ def test_pfedme_mnist_two_labels_per_user_and_sizes_in_range():
     assert not same(parts, P.pfedme_mnist(pooled, 20, 2, 150, 300, rng(1)))
 
 
+def test_pfedme_mnist_chain_gives_user_i_labels_i_and_i_plus_1_as_the_authors_generator_does():
+    pooled = np.concatenate([TRAIN, TEST])
+    parts = P.pfedme_mnist(pooled, 20, 2, 150, 300, rng(), "chain")
+    for i, p in enumerate(parts):
+        assert sorted(set(pooled[p].tolist())) == sorted({i % 10, (i + 1) % 10})
+        assert 150 <= len(p) <= 300
+    holders = Counter(c for p in parts for c in set(pooled[p].tolist()))
+    assert holders == {c: 4 for c in range(10)}  # each label shared by four users, two partners
+    assert disjoint(parts)
+
+
 def test_acid_draws_without_replacement_from_each_devices_classes():
     split = P.acid(TRAIN, TEST, 100, 5, rng())
     for tr, te in split:

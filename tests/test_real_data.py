@@ -40,7 +40,7 @@ MD5 = {
 }
 
 PROTOCOLS = ["perfedavg_table1_mnist", "perfedavg_table1_cifar10", "perfedavg_table1_cifar10_diff_hetero",
-             "pfedme_table1_mnist", "pfl_acid_cifar10", "cifar_grid"]
+             "pfedme_table1_mnist", "pfedme_table1_mnist_authors_data", "pfl_acid_cifar10", "cifar_grid"]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -105,8 +105,9 @@ def check_perfedavg(cfg: ImageConfig, clients) -> None:
 
 def check_pfedme_mnist(cfg: ImageConfig, clients) -> None:
     p = cfg.partition
+    k = 2 if p.label_assignment == "blocks" else 1  # where user i's pair starts: 2i or i
     for i, c in enumerate(clients):
-        labels = {(2 * i) % 10, (2 * i + 1) % 10}
+        labels = {(k * i) % 10, (k * i + 1) % 10}
         both = _counts(np.concatenate([c.y_train.numpy(), c.y_test.numpy()]))
         assert set(both) == labels, (i, both)
         total = sum(both.values())

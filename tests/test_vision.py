@@ -85,6 +85,19 @@ def test_mnist_loads_through_the_dataset_config(tmp_path):
         assert float(c.x_train.max()) <= 1.0 and c.x_train.shape[1] == 784
 
 
+def test_standardized_inputs_are_pixelwise_over_all_images_as_pfedmes_generator_computes_them(tmp_path):
+    data = make_mnist(tmp_path)
+    pool = np.concatenate([data["train"][0], data["t10k"][0]]).reshape(160, -1).astype(np.float64)
+    mu, sigma = pool.mean(0), pool.std(0)
+    expected = {row.tobytes() for row in ((pool - mu) / (sigma + 0.001)).astype(np.float32)}
+    cfg = ImageConfig(dataset="mnist", root=str(tmp_path), num_clients=4, input_scaling="standardized",
+                      partition={"name": "pfedme_mnist", "min_samples": 10, "max_samples": 14, "label_assignment": "chain"})
+    rows = [row for c in build_federated_dataset(cfg).clients for x in (c.x_train, c.x_test) for row in x.numpy()]
+    assert len(rows) >= 40 and all(row.tobytes() in expected for row in rows)
+    unit = ImageConfig(**{**cfg.model_dump(), "input_scaling": "unit_interval"})
+    assert all(float(c.x_train.min()) >= 0 and float(c.x_train.max()) <= 1 for c in build_federated_dataset(unit).clients)
+
+
 def test_perfedavg_split_on_mnist_files(tmp_path):
     make_mnist(tmp_path, per_class_train=40, per_class_test=12)
     cfg = ImageConfig(dataset="mnist", root=str(tmp_path), num_clients=4,

@@ -3,6 +3,7 @@ Fashion-MNIST and CIFAR-10/100 from local files, and the named splits of the pap
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -91,6 +92,11 @@ class PFedMeMNISTPartition(StrictModel):
     labels_per_client: int = Field(2, ge=1)
     min_samples: int = Field(1165, ge=2)
     max_samples: int = Field(3834, ge=2)
+    label_assignment: Literal["blocks", "chain"] = Field(
+        "blocks",
+        description="Where user i's k labels start: 'blocks' at i·k (k = 2: disjoint pairs {0,1}, {2,3}, …), "
+        "'chain' at i (overlapping pairs {0,1}, {1,2}, …, as the authors' generator does)",
+    )
 
 
 class ACIDPartition(StrictModel):
@@ -192,6 +198,11 @@ class ImageConfig(StrictModel):
     partition: ImagePartitionConfig = Field(default_factory=IIDPartition)
     test_fraction: float = Field(0.25, gt=0, lt=1)
     seed: int = Field(0, ge=0, description="Seed of the split; fixed across the experiment's seeds.")
+    input_scaling: Literal["unit_interval", "standardized"] = Field(
+        "unit_interval",
+        description="Pixels as x/255 ('unit_interval'), or per pixel (x − μ)/(σ + 0.001) with μ, σ over all "
+        "the dataset's images, train and test, in 0..255 units ('standardized', as pFedMe's MNIST generator)",
+    )
 
     @model_validator(mode="after")
     def _feasible(self):
@@ -257,7 +268,7 @@ def _split_pooled(cfg: DigitsConfig | ImageConfig, labels: np.ndarray) -> list[n
     if isinstance(p, ShardsPartition):
         return partitions.shards(labels, n, p.shards_per_client, rng)
     if isinstance(p, PFedMeMNISTPartition):
-        return partitions.pfedme_mnist(labels, n, p.labels_per_client, p.min_samples, p.max_samples, rng)
+        return partitions.pfedme_mnist(labels, n, p.labels_per_client, p.min_samples, p.max_samples, rng, p.label_assignment)
     return partitions.iid(labels, n, rng)
 
 
@@ -267,8 +278,24 @@ def _images(name: str, root: str, download: bool):
     return vision.load_uint8(name, Path(root), download)
 
 
+@lru_cache(maxsize=2)
+def _pixel_statistics(name: str, root: str, download: bool) -> tuple[np.ndarray, np.ndarray]:
+    x_tr, _, x_te, _ = _images(name, root, download)
+    return vision.pixel_statistics(x_tr, x_te)
+
+
+def _input_scaling(cfg: ImageConfig, root: str) -> Callable[[np.ndarray], np.ndarray]:
+    """uint8 images -> float32 model inputs, as ``cfg.input_scaling`` says."""
+    if cfg.input_scaling == "unit_interval":
+        return vision.to_float
+    mean, std = _pixel_statistics(cfg.dataset, root, cfg.download)
+    return lambda images: vision.standardize(images, mean, std)
+
+
 def _image_clients(cfg: ImageConfig) -> tuple[list[ClientData], int, int]:
-    x_tr, y_tr, x_te, y_te = _images(cfg.dataset, str(vision.data_root(cfg.root)), cfg.download)
+    root = str(vision.data_root(cfg.root))
+    x_tr, y_tr, x_te, y_te = _images(cfg.dataset, root, cfg.download)
+    scale = _input_scaling(cfg, root)
     classes = num_classes(cfg)
     p, n = cfg.partition, cfg.num_clients
     rng = np.random.default_rng([cfg.seed, 1])
@@ -283,8 +310,7 @@ def _image_clients(cfg: ImageConfig) -> tuple[list[ClientData], int, int]:
         for i, (tr, te) in enumerate(split):
             relabel = (lambda y, perm=perms[i]: perm[y]) if perms is not None else (lambda y: y)
             t = torch.from_numpy
-            clients.append(ClientData(t(vision.to_float(x_tr[tr])), t(relabel(y_tr[tr])),
-                                      t(vision.to_float(x_te[te])), t(relabel(y_te[te]))))
+            clients.append(ClientData(t(scale(x_tr[tr])), t(relabel(y_tr[tr])), t(scale(x_te[te])), t(relabel(y_te[te]))))
         return clients, x_tr.shape[1], classes
     x, y = np.concatenate([x_tr, x_te]), np.concatenate([y_tr, y_te])
     split_rng = np.random.default_rng([cfg.seed, 2])
@@ -293,15 +319,15 @@ def _image_clients(cfg: ImageConfig) -> tuple[list[ClientData], int, int]:
         if len(idx) < 2:
             raise ValueError("data." + empty_client_problem(p.name, cfg.dataset, i, len(idx)))
         train, test = partitions.train_test_split(idx, cfg.test_fraction, split_rng)
-        clients.append(_client(x, y, train, test))
+        clients.append(_client(x, y, train, test, scale))
     return clients, x.shape[1], classes
 
 
-def _client(x: np.ndarray, y: np.ndarray, train: np.ndarray, test: np.ndarray) -> ClientData:
-    """One client's shard; uint8 images become float32 in [0, 1] here, shard by shard."""
+def _client(x: np.ndarray, y: np.ndarray, train: np.ndarray, test: np.ndarray,
+            scale: Callable[[np.ndarray], np.ndarray] = np.asarray) -> ClientData:
+    """One client's shard; uint8 images become float inputs here (``scale``), shard by shard."""
     t = torch.from_numpy
-    cast = vision.to_float if x.dtype == np.uint8 else np.asarray
-    return ClientData(t(cast(x[train])), t(y[train]), t(cast(x[test])), t(y[test]))
+    return ClientData(t(scale(x[train])), t(y[train]), t(scale(x[test])), t(y[test]))
 
 
 def build_federated_dataset(cfg: SyntheticConfig | DigitsConfig | ImageConfig) -> FederatedDataset:

@@ -60,13 +60,12 @@ def _class_pools(labels: np.ndarray, rng: np.random.Generator) -> dict[int, list
     return {int(c): rng.permutation(np.flatnonzero(labels == c)).tolist() for c in np.unique(labels)}
 
 
-def _draw(pools: dict[int, list[int]], cls: int, count: int, what: str) -> np.ndarray:
+def _draw(pools: dict[int, list[int]], cls: int, count: int, what: str, smaller: str) -> np.ndarray:
+    """``count`` samples of class ``cls``; ``smaller`` names the settings that ask for fewer."""
     pool = pools.get(cls, [])
     if count > len(pool):
-        raise ValueError(
-            f"{what}: class {cls} has {len(pool)} samples left, {count} needed; allowed: fewer clients "
-            "(num_clients) or fewer images per user (images_per_class, test_images_per_class)"
-        )
+        raise ValueError(f"{what}: class {cls} has {len(pool)} samples left, {count} needed; allowed: fewer clients "
+                         f"(num_clients) or {smaller}")
     taken, pools[cls] = pool[:count], pool[count:]
     return np.asarray(taken, dtype=np.int64)
 
@@ -103,7 +102,8 @@ def perfedavg(
         pair = []
         for part, a in (("train", a_train), ("test", a_test)):
             idx = [_draw(pools[part], c, int(m * a), f"data.partition: the perfedavg split, user {i} of {num_clients}, "
-                         f"{part} (a={a})") for c, m in recipe]
+                         f"{part} (a={a})", "fewer images per user (images_per_class, test_images_per_class)")
+                   for c, m in recipe]
             pair.append(np.sort(np.concatenate(idx)))
         out.append((pair[0], pair[1]))
     return out
@@ -151,11 +151,16 @@ def pfedme_mnist(
     min_samples: int,
     max_samples: int,
     rng: np.random.Generator,
+    label_assignment: str = "blocks",
 ) -> list[np.ndarray]:
     """pFedMe's MNIST split (Dinh et al. 2020, Sec. 5): over the pooled train and test images, user i
-    holds ``labels_per_client`` consecutive labels starting at (i·k) mod C, and a total size drawn
-    uniformly from [min_samples, max_samples], divided evenly between its labels. The caller splits
-    each user 75/25 into train and test (:func:`train_test_split`).
+    holds ``labels_per_client`` = k consecutive labels and a total size drawn uniformly from
+    [min_samples, max_samples], divided evenly between its labels. The caller splits each user 75/25
+    into train and test (:func:`train_test_split`).
+
+    Where user i's labels start (the paper does not say): ``blocks`` at (i·k) mod C, so that with k = 2
+    the users form five disjoint pairs {0,1}, {2,3}, …; ``chain`` at i mod C, as the authors' generator
+    (``data/Mnist/generate_niid_20users.py``) does: overlapping pairs {0,1}, {1,2}, …, {9,0}.
     """
     classes = np.unique(labels)
     if labels_per_client > len(classes):
@@ -164,9 +169,11 @@ def pfedme_mnist(
     out = []
     for i in range(num_clients):
         size = int(rng.integers(min_samples, max_samples + 1))
-        mine = [int(classes[(i * labels_per_client + j) % len(classes)]) for j in range(labels_per_client)]
+        start = i * labels_per_client if label_assignment == "blocks" else i
+        mine = [int(classes[(start + j) % len(classes)]) for j in range(labels_per_client)]
         counts = [len(c) for c in np.array_split(np.arange(size), labels_per_client)]
-        out.append(np.sort(np.concatenate([_draw(pools, c, k, f"pfedme_mnist split, user {i}") for c, k in zip(mine, counts)])))
+        out.append(np.sort(np.concatenate([_draw(pools, c, k, f"data.partition: the pfedme_mnist split, user {i}",
+                                                          "smaller users (min_samples, max_samples)") for c, k in zip(mine, counts)])))
     return out
 
 

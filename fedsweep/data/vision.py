@@ -227,6 +227,30 @@ def to_float(images: np.ndarray) -> np.ndarray:
     return np.asarray(images, dtype=np.float32) / 255.0
 
 
+#: Added to every pixel's standard deviation by :func:`standardize` (0..255 units), as pFedMe's generator does.
+STANDARDIZE_EPSILON = 0.001
+
+
+def pixel_statistics(*pools: np.ndarray, chunk: int = 10_000) -> tuple[np.ndarray, np.ndarray]:
+    """Per-pixel mean and (population) standard deviation of uint8 images over all ``pools`` together,
+    in 0..255 units; accumulated in float64, a chunk of images at a time."""
+    total = sum(len(p) for p in pools)
+    s = np.zeros(pools[0].shape[1], np.float64)
+    s2 = np.zeros_like(s)
+    for p in pools:
+        for start in range(0, len(p), chunk):
+            block = np.asarray(p[start:start + chunk], dtype=np.float64)
+            s += block.sum(0)
+            s2 += np.square(block).sum(0)
+    mean = s / total
+    return mean, np.sqrt(np.maximum(s2 / total - mean**2, 0.0))
+
+
+def standardize(images: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
+    """uint8 images as float32 (x − μ)/(σ + 0.001), per pixel (pFedMe's ``generate_niid_20users.py``)."""
+    return ((np.asarray(images, dtype=np.float64) - mean) / (std + STANDARDIZE_EPSILON)).astype(np.float32)
+
+
 def load(name: str, root: Path, allow_download: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(x_train, y_train, x_test, y_test): images as float32 in [0, 1], flattened channel-major; int64 labels."""
     x_train, y_train, x_test, y_test = load_uint8(name, root, allow_download)
