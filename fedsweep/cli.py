@@ -106,8 +106,9 @@ def cmd_sweep(args) -> int:
     experiment = sweep.trials[0].config.tracking.experiment
     runs, _ = load_runs(out["tracking_uri"], experiment, out["parent_run_id"], sweep.settings.target_accuracy)
     print()
-    print(f"Best setting per algorithm by final {sweep.settings.metric} ({sweep.settings.mode}), sweep run {out['parent_run_id']}:")
-    print(to_markdown(best_settings(runs, sweep.settings.metric, sweep.settings.mode, sweep.settings.table_group_by)))
+    settings = sweep.settings
+    print(f"Best setting per algorithm by final {settings.selection_metric()} ({settings.mode}), sweep run {out['parent_run_id']}:")
+    print(to_markdown(best_settings(runs, settings.metric, settings.mode, settings.table_group_by, settings.select_on)))
     if diverged := diverged_settings(runs):
         print("\n" + diverged)
     print(f"\nReport (table, figures): artifacts report/ of run {out['parent_run_id']}, experiment '{experiment}' "
@@ -142,8 +143,9 @@ def cmd_table(args) -> int:
         return EXIT_BAD_INPUT
     metric = args.metric or sweep_tags.get("fedsweep.metric", "personalized_accuracy_mean")
     mode = args.mode or sweep_tags.get("fedsweep.mode", "max")
+    select_on = args.select_on or sweep_tags.get("fedsweep.select_on", "test")
     try:
-        table = best_settings(runs, metric, mode, args.group_by)
+        table = best_settings(runs, metric, mode, args.group_by, select_on)
     except KeyError as e:
         print(f"error: --metric/--group-by: {e.args[0]}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -238,6 +240,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="metric to rank by, at the final round unless --last-evaluations or --max-over-rounds (default: the sweep's)",
     )
     s.add_argument("--mode", choices=["max", "min"], default=None)
+    s.add_argument(
+        "--select-on", choices=["test", "validation"], default=None,
+        help="rank settings by the metric on test data, or on the clients' validation parts (val_<metric>) and "
+        "report the chosen settings' test metrics (default: the sweep's sweep.select_on, else test)",
+    )
     s.add_argument("--format", choices=["markdown", "csv", "parquet"], default="markdown")
     s.add_argument("--output", default=None, help="file to write (required for csv and parquet)")
     s.add_argument("--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")

@@ -26,6 +26,7 @@ from pydantic import BaseModel, Field, TypeAdapter, ValidationError, field_valid
 from fedsweep import config_file
 from fedsweep.algorithms import ALGORITHMS
 from fedsweep.data import DataConfig, SyntheticConfig, input_features, num_classes
+from fedsweep.evaluation import VAL
 from fedsweep.models import MLPConfig, ModelConfig, parameter_count
 from fedsweep.schema import StrictModel, names_of
 
@@ -274,11 +275,21 @@ class SweepSettings(StrictModel):
         description="Personalized accuracy (a fraction, e.g. 0.876) whose first round and model transmissions "
         "the table and the report give for each best setting; null = none.",
     )
+    select_on: Literal["test", "validation"] = Field(
+        "test",
+        description="Which data picks each algorithm's best setting: 'validation' ranks settings by the metric on "
+        "the clients' validation parts (val_<metric>; needs data.validation_fraction > 0) and reports the test "
+        "metrics of the chosen one; 'test' ranks by the reported test metric itself (optimistic; the papers' way).",
+    )
     table_group_by: list[str] = Field(
         default_factory=list,
         description="Parameters (flat names, e.g. model.name, algorithm.local_steps) that split the table's "
         "rows further: one row per algorithm and value of each.",
     )
+
+    def selection_metric(self) -> str:
+        """The logged metric that ranks settings (and that Tune's searchers and schedulers see)."""
+        return VAL + self.metric if self.select_on == "validation" else self.metric
 
     @model_validator(mode="after")
     def _distinct_seeds(self):
@@ -821,6 +832,13 @@ def load_sweep(path: str | Path, check_cluster: bool = True) -> Sweep:
     for p, labels in failing.items():
         # A problem common to every grid point is the file's; otherwise name the points that have it.
         problems.append(p if len(labels) == len(points) else f"{p} [in trial {'; '.join(labels[:3])}{' ...' if len(labels) > 3 else ''}]")
+    if settings is not None and settings.select_on == "validation":
+        without = [t.label() for t in trials if t.config.data.validation_fraction == 0]
+        if without:
+            problems.append(
+                f"{_where(file, lines, ('sweep', 'select_on'))}: sweep.select_on: 'validation' needs a validation part in "
+                f"every trial, but data.validation_fraction is 0 in {len(without)} of {len(trials)} (e.g. {without[0]}); "
+                "allowed: data.validation_fraction > 0 (e.g. 0.2), or select_on: test")
     if settings is not None and trials:
         known = {k for t in trials for k in t.config.flat_params()}
         for name in settings.table_group_by:

@@ -22,6 +22,12 @@ class ClientEval:
     global_loss_sum: float
     train_loss_sum: float
     times_trained: int = 0
+    # the same sums on the client's validation part (none unless data.validation_fraction > 0)
+    num_val: int = 0
+    personalized_val_correct: int = 0
+    personalized_val_loss_sum: float = 0.0
+    global_val_correct: int = 0
+    global_val_loss_sum: float = 0.0
 
     @property
     def personalized_accuracy(self) -> float:
@@ -50,6 +56,27 @@ def score(predict: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, y: t
     return correct, loss
 
 
+#: Prefix of the metrics computed on the clients' validation parts instead of their test parts.
+VAL = "val_"
+
+
+def _scores(n: list[int], correct: list[int], loss_sum: list[float], global_correct: list[int],
+            global_loss_sum: list[float]) -> dict[str, float]:
+    acc = np.array(correct) / np.array(n, dtype=np.float64)
+    total = float(sum(n))
+    return {
+        "personalized_accuracy_mean": float(acc.mean()),
+        "personalized_accuracy_weighted": float(sum(correct) / total),
+        "personalized_accuracy_worst": float(acc.min()),
+        "personalized_accuracy_best": float(acc.max()),
+        "personalized_accuracy_p10": float(np.percentile(acc, 10)),
+        "personalized_loss_mean": float((np.array(loss_sum) / np.array(n, dtype=np.float64)).mean()),
+        "personalized_loss_weighted": float(sum(loss_sum) / total),
+        "global_accuracy": float(sum(global_correct) / total),
+        "global_loss": float(sum(global_loss_sum) / total),
+    }
+
+
 def summarize(evals: list[ClientEval]) -> dict[str, float]:
     """Metrics of one evaluation round.
 
@@ -58,21 +85,15 @@ def summarize(evals: list[ClientEval]) -> dict[str, float]:
     worst / best / p10: minimum, maximum and 10th percentile of the per-client
     personalized accuracies; ``global_*``: the global model on the union of the
     test sets; ``train_loss``: the global model on the union of the training sets.
+    With validation parts, ``val_*``: the same scores on them instead of the test sets.
     """
-    acc = np.array([e.personalized_accuracy for e in evals])
-    loss = np.array([e.personalized_loss_sum / e.num_test for e in evals])
-    n_test = np.array([e.num_test for e in evals], dtype=np.float64)
-    n_train = sum(e.num_train for e in evals)
-    total_test = n_test.sum()
-    return {
-        "personalized_accuracy_mean": float(acc.mean()),
-        "personalized_accuracy_weighted": float(sum(e.personalized_correct for e in evals) / total_test),
-        "personalized_accuracy_worst": float(acc.min()),
-        "personalized_accuracy_best": float(acc.max()),
-        "personalized_accuracy_p10": float(np.percentile(acc, 10)),
-        "personalized_loss_mean": float(loss.mean()),
-        "personalized_loss_weighted": float(sum(e.personalized_loss_sum for e in evals) / total_test),
-        "global_accuracy": float(sum(e.global_correct for e in evals) / total_test),
-        "global_loss": float(sum(e.global_loss_sum for e in evals) / total_test),
-        "train_loss": float(sum(e.train_loss_sum for e in evals) / n_train),
-    }
+    out = _scores([e.num_test for e in evals], [e.personalized_correct for e in evals],
+                  [e.personalized_loss_sum for e in evals], [e.global_correct for e in evals],
+                  [e.global_loss_sum for e in evals])
+    out["train_loss"] = float(sum(e.train_loss_sum for e in evals) / sum(e.num_train for e in evals))
+    if all(e.num_val > 0 for e in evals):
+        val = _scores([e.num_val for e in evals], [e.personalized_val_correct for e in evals],
+                      [e.personalized_val_loss_sum for e in evals], [e.global_val_correct for e in evals],
+                      [e.global_val_loss_sum for e in evals])
+        out.update({VAL + k: v for k, v in val.items()})
+    return out

@@ -92,11 +92,17 @@ class Client:
         ctx = self._context(rnd, _EVAL)
         personal = self.algorithm.personalize(ctx, p, self._state(p["params"]))
         d = self.data
-        pc, pl = score(self.algorithm.predictor(ctx, personal), d.x_test, d.y_test)
+        personal_model = self.algorithm.predictor(ctx, personal)
+        pc, pl = score(personal_model, d.x_test, d.y_test)
         global_model = lambda x: self.model(p["params"], x)
         gc, gl = score(global_model, d.x_test, d.y_test)
         _, tl = score(global_model, d.x_train, d.y_train)
-        return ClientEval(self.client_id, d.num_train, d.num_test, pc, pl, gc, gl, tl, self.times_trained)
+        out = ClientEval(self.client_id, d.num_train, d.num_test, pc, pl, gc, gl, tl, self.times_trained)
+        if d.num_val:
+            out.num_val = d.num_val
+            out.personalized_val_correct, out.personalized_val_loss_sum = score(personal_model, d.x_val, d.y_val)
+            out.global_val_correct, out.global_val_loss_sum = score(global_model, d.x_val, d.y_val)
+        return out
 
     def get_state(self) -> Payload | None:
         return None if self.state is None else to_numpy(self.state)

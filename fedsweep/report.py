@@ -212,12 +212,12 @@ def clients_figure(c, best: dict[str, pd.DataFrame]) -> bytes | None:
 
 def build_report(
     uri: str, experiment: str, sweep_run_id: str | None = None, metric: str | None = None, mode: str | None = None,
-    group_by: list[str] | tuple = (), target_accuracy: float | None = None,
+    group_by: list[str] | tuple = (), target_accuracy: float | None = None, select_on: str | None = None,
 ) -> Report:
     runs, sweep_tags = load_runs(uri, experiment, sweep_run_id, target_accuracy)
     metric = metric or sweep_tags.get("fedsweep.metric", "personalized_accuracy_mean")
     mode = mode or sweep_tags.get("fedsweep.mode", "max")
-    table = best_settings(runs, metric, mode, group_by)
+    table = best_settings(runs, metric, mode, group_by, select_on or sweep_tags.get("fedsweep.select_on", "test"))
     report = Report(table, to_markdown(table))
     if table.empty:
         return report
@@ -226,7 +226,7 @@ def build_report(
     best = _best_runs(finished, table)
     report.figures["comparison.png"] = comparison_figure(c, best, metric, target_accuracy)
     for algorithm, group in finished.groupby("algorithm", sort=True):
-        if (png := sensitivity_figure(algorithm, group, metric)) is not None:
+        if (png := sensitivity_figure(algorithm, group, table.attrs["ranked_by"])) is not None:
             report.figures[f"sensitivity_{algorithm.split(' ')[0]}.png"] = png
     if (png := clients_figure(c, best)) is not None:
         report.figures["clients.png"] = png

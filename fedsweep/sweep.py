@@ -131,7 +131,7 @@ def _log_report(uri: str, experiment: str, parent: str, settings) -> None:
 
     try:
         report = build_report(uri, experiment, parent, settings.metric, settings.mode, settings.table_group_by,
-                              settings.target_accuracy)
+                              settings.target_accuracy, settings.select_on)
         log_report(uri, parent, report)
     except Exception as e:  # noqa: BLE001 - the trials' runs are what matters; the report can be rebuilt
         print(f"warning: the sweep report was not logged ({type(e).__name__}: {e}); rebuild it with "
@@ -192,6 +192,7 @@ def run_sweep(sweep: Sweep, verbose: int = 1, resume: bool = False) -> dict[str,
                 f"{TAG_PREFIX}sweep": "true",
                 f"{TAG_PREFIX}metric": settings.metric,
                 f"{TAG_PREFIX}mode": settings.mode,
+                f"{TAG_PREFIX}select_on": settings.select_on,
                 **({f"{TAG_PREFIX}target_accuracy": str(settings.target_accuracy)} if settings.target_accuracy else {}),
                 f"{TAG_PREFIX}table_group_by": json.dumps(settings.table_group_by),
                 f"{TAG_PREFIX}trials": str(len(configs)),
@@ -228,7 +229,7 @@ def run_sweep(sweep: Sweep, verbose: int = 1, resume: bool = False) -> dict[str,
                 # the console and the Tune folders name trials by what they are, not by an opaque point
                 trial_name_creator=lambda trial: f"{titles[trial.config['trial']]} #{trial.config['trial']}",
                 trial_dirname_creator=lambda trial: f"trial_{trial.config['trial']:04d}_{trial.trial_id}",
-                metric=settings.metric,
+                metric=settings.selection_metric(),  # what a searcher or scheduler optimises
                 mode=settings.mode,
                 max_concurrent_trials=settings.max_concurrent_trials,
                 # A finished trial's actor (torch imported, bundle reserved) runs the next trial of equal

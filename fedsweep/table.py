@@ -3,6 +3,9 @@
 For each algorithm: the setting (all hyperparameters but the seed) whose mean
 final-round metric over seeds is best, and its final accuracy as
 mean ± 95% confidence interval over seeds (Student's t, n − 1 degrees of freedom).
+Selected on validation (``select_on="validation"``), the ranking uses the metric
+on the clients' validation parts (``val_<metric>``) and the reported numbers are
+the test metrics of the setting so chosen: no reported number picked its setting.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from fedsweep.evaluation import VAL
 from fedsweep.tracking import LEAK_TAG, PARENT_TAG, TAG_PREFIX, client
 
 #: Final-round metrics reported for the best setting, beside the one ranked by.
@@ -112,13 +116,19 @@ def load_runs(
     return pd.DataFrame(rows), sweep_tags
 
 
-def best_settings(runs: pd.DataFrame, metric: str, mode: str = "max", group_by: list[str] | tuple = ()) -> pd.DataFrame:
+def best_settings(runs: pd.DataFrame, metric: str, mode: str = "max", group_by: list[str] | tuple = (),
+                  select_on: str = "test") -> pd.DataFrame:
     """One row per algorithm (and per value of each ``group_by`` parameter): its best setting by the mean
-    of ``metric`` over seeds, with mean ± 95% CI."""
+    of ``metric`` over seeds, with mean ± 95% CI; with ``select_on="validation"`` the best by the mean of
+    ``val_<metric>``, reported with ``metric`` and the other test metrics beside (``table.attrs`` says how)."""
     if runs.empty:
         return pd.DataFrame()
-    if metric not in runs.columns:
-        raise KeyError(f"metric {metric!r} was not logged by these runs; logged: {sorted(c for c in runs.columns if '_' in c)}")
+    ranked = VAL + metric if select_on == "validation" else metric
+    for needed in dict.fromkeys((ranked, metric)):
+        if needed not in runs.columns:
+            hint = " (select on validation needs runs with data.validation_fraction > 0)" if needed.startswith(VAL) else ""
+            raise KeyError(f"metric {needed!r} was not logged by these runs{hint}; "
+                           f"logged: {sorted(c for c in runs.columns if '_' in c and not c.startswith('param:'))}")
     missing = [p for p in group_by if f"param:{p}" not in runs.columns]
     if missing:
         raise KeyError(f"group-by parameter(s) {missing} not logged by these runs")
@@ -129,7 +139,7 @@ def best_settings(runs: pd.DataFrame, metric: str, mode: str = "max", group_by: 
         group = tried[~tried["setting"].isin(_diverged(tried)["setting"])]
         if group.empty:
             continue
-        by_setting = group.groupby("setting")[metric].mean()
+        by_setting = group.groupby("setting")[ranked].mean()
         best = by_setting.idxmax() if mode == "max" else by_setting.idxmin()
         chosen = group[group["setting"] == best]
         split = ", ".join(f"{p}={v}" for p, v in zip(group_by, key[1:]))
@@ -139,7 +149,7 @@ def best_settings(runs: pd.DataFrame, metric: str, mode: str = "max", group_by: 
             "settings tried": int(tried["setting"].nunique()),
             "seeds": len(chosen),
         }
-        for key in dict.fromkeys((metric, *REPORTED)):
+        for key in dict.fromkeys((ranked, metric, *REPORTED)):
             if key in chosen.columns:
                 values = chosen[key].to_numpy(dtype=float)
                 row[f"{key} mean"] = float(values.mean())
@@ -154,7 +164,17 @@ def best_settings(runs: pd.DataFrame, metric: str, mode: str = "max", group_by: 
                 row[f"{key} ci95"] = ci95(values)
         row["setting key"] = best  # fedsweep.setting of its runs: what the report and the analyst filter on
         rows.append(row)
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    table.attrs.update(select_on=select_on, ranked_by=ranked, metric=metric)
+    return table
+
+
+def selection_line(table: pd.DataFrame) -> str:
+    """What picked the settings of ``table``, for its header: said whenever it was not the reported metric."""
+    if table.attrs.get("select_on") != "validation":
+        return ""
+    return (f"Settings selected on validation: ranked by {table.attrs['ranked_by']} (the clients' validation parts, "
+            f"held out of their training data); every other column is measured on the test data, which chose nothing.")
 
 
 def _diverged(runs: pd.DataFrame) -> pd.DataFrame:
@@ -189,10 +209,11 @@ def to_markdown(table: pd.DataFrame) -> str:
     """Markdown table; accuracies in percent, each metric as mean ± 95% CI."""
     if table.empty:
         return "(no finished runs)"
+    header = selection_line(table)
     metrics = [c[: -len(" mean")] for c in table.columns if c.endswith(" mean")]
     target = "seeds reaching target" in table.columns
     head = ["algorithm", "best setting", "settings tried", "seeds"] + [
-        m + (" (%)" if m.startswith(("personalized_accuracy", "global_accuracy")) else "") for m in metrics
+        m + (" (%)" if m.removeprefix(VAL).startswith(("personalized_accuracy", "global_accuracy")) else "") for m in metrics
     ] + (["seeds reaching target"] if target else [])
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for _, r in table.iterrows():
@@ -203,4 +224,4 @@ def to_markdown(table: pd.DataFrame) -> str:
         ]
         cells += [str(r["seeds reaching target"])] if target else []
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return "\n".join(([header, ""] if header else []) + lines)

@@ -48,6 +48,21 @@ def train_test_split(indices: np.ndarray, test_fraction: float, rng: np.random.G
     return np.sort(perm[n_test:]), np.sort(perm[:n_test])
 
 
+def validation_split(labels: np.ndarray, fraction: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Positions (kept for training, held out for validation) of a client's training samples: a share
+    ``fraction`` held out, at least one and never all, stratified by label (each label gives its share,
+    the rounding remainders go to the labels with the largest fractional parts)."""
+    n = len(labels)
+    n_val = min(max(1, round(fraction * n)), n - 1)
+    classes, counts = np.unique(labels, return_counts=True)
+    exact = counts * n_val / n
+    take = np.floor(exact).astype(np.int64)
+    for c in np.argsort(-(exact - take), kind="stable")[: n_val - int(take.sum())]:
+        take[c] += 1
+    val = np.concatenate([rng.permutation(np.flatnonzero(labels == c))[:k] for c, k in zip(classes, take)])
+    return np.setdiff1d(np.arange(n), val), np.sort(val)
+
+
 # --- Splits of a dataset that comes with its own train and test pools (MNIST, CIFAR) -----------------
 # Each returns one (train indices, test indices) pair per client, indices into the train and the test
 # pool; a client's test part is drawn from the same classes, in the same way, as its train part.
