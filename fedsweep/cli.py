@@ -144,8 +144,11 @@ def cmd_table(args) -> int:
     metric = args.metric or sweep_tags.get("fedsweep.metric", "personalized_accuracy_mean")
     mode = args.mode or sweep_tags.get("fedsweep.mode", "max")
     select_on = args.select_on or sweep_tags.get("fedsweep.select_on", "test")
+    if args.budget is not None and args.budget < 1:
+        print(f"error: --budget: {args.budget}; allowed: an integer >= 1 (settings per algorithm)", file=sys.stderr)
+        return EXIT_BAD_INPUT
     try:
-        table = best_settings(runs, metric, mode, args.group_by, select_on)
+        table = best_settings(runs, metric, mode, args.group_by, select_on, args.budget)
     except KeyError as e:
         print(f"error: --metric/--group-by: {e.args[0]}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -244,6 +247,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--select-on", choices=["test", "validation"], default=None,
         help="rank settings by the metric on test data, or on the clients' validation parts (val_<metric>) and "
         "report the chosen settings' test metrics (default: the sweep's sweep.select_on, else test)",
+    )
+    s.add_argument(
+        "--budget", type=int, default=None, metavar="N",
+        help="each algorithm's best of only the first N settings its search tried (trial order), so that "
+        "algorithms with more hyperparameters do not win by having more tries",
     )
     s.add_argument("--format", choices=["markdown", "csv", "parquet"], default="markdown")
     s.add_argument("--output", default=None, help="file to write (required for csv and parquet)")

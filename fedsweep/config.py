@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args
 
+import numpy as np
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
-from fedsweep import config_file
+from fedsweep import config_file, search
 from fedsweep.algorithms import ALGORITHMS
 from fedsweep.data import DataConfig, SyntheticConfig, input_features, num_classes
 from fedsweep.evaluation import VAL
@@ -242,6 +243,18 @@ class ExperimentConfig(StrictModel):
         return flatten(self.model_dump(mode="json"))
 
 
+class ASHASettings(StrictModel):
+    """Ray Tune's asynchronous successive halving: at each rung (grace_rounds × reduction_factor^k rounds) a
+    trial whose selection metric is not in the best 1/reduction_factor of those that reached the rung stops."""
+
+    grace_rounds: int = Field(..., ge=1, description="Rounds every trial runs before it can be stopped.")
+    reduction_factor: float = Field(3.0, gt=1, description="1/reduction_factor of the trials go on at each rung.")
+
+
+class SchedulerSettings(StrictModel):
+    asha: ASHASettings
+
+
 class SweepSettings(StrictModel):
     name: str = Field(
         "sweep",
@@ -275,6 +288,20 @@ class SweepSettings(StrictModel):
         description="Personalized accuracy (a fraction, e.g. 0.876) whose first round and model transmissions "
         "the table and the report give for each best setting; null = none.",
     )
+    search: Literal["grid", "random"] = Field(
+        "grid",
+        description="'grid': every grid point once per seed; 'random': each grid point's distributions "
+        "({loguniform|uniform|randint|choice: ...}) drawn num_samples times, each draw once per seed.",
+    )
+    num_samples: int | None = Field(
+        None, ge=1, description="Settings a random search draws for each grid point (required by search: random)."
+    )
+    search_seed: Seed = Field(0, description="Seed of a random search's draws: the same file draws the same settings.")
+    scheduler: SchedulerSettings | None = Field(
+        None,
+        description="Early stopping of bad settings: {asha: {grace_rounds, reduction_factor}}; a stopped trial's run "
+        "ends FINISHED with fedsweep.outcome=stopped_early and is never a best setting. null = every trial runs to the end.",
+    )
     select_on: Literal["test", "validation"] = Field(
         "test",
         description="Which data picks each algorithm's best setting: 'validation' ranks settings by the metric on "
@@ -290,6 +317,15 @@ class SweepSettings(StrictModel):
     def selection_metric(self) -> str:
         """The logged metric that ranks settings (and that Tune's searchers and schedulers see)."""
         return VAL + self.metric if self.select_on == "validation" else self.metric
+
+    @model_validator(mode="after")
+    def _search(self):
+        if self.search == "random" and self.num_samples is None:
+            raise ValueError("search: 'random' needs num_samples, the settings to draw for each grid point (e.g. 8)")
+        if self.search == "grid" and self.num_samples is not None:
+            raise ValueError("num_samples: only a random search draws samples (search: random); a grid runs each "
+                             "point once per seed")
+        return self
 
     @model_validator(mode="after")
     def _distinct_seeds(self):
@@ -809,11 +845,15 @@ def load_sweep(path: str | Path, check_cluster: bool = True) -> Sweep:
                 f"{_where(file, lines, tuple(field.split('.')))}: {field}: one value serves the whole sweep and cannot be "
                 f"a grid (sweep-wide fields: {', '.join(SWEEP_WIDE)})"
             )
-    points = _grid_points(body) * len(settings.seeds if settings and settings.seeds else [None])
+    samples = settings.num_samples if settings and settings.search == "random" else 1
+    points = _grid_points(body) * samples * len(settings.seeds if settings and settings.seeds else [None])
     if points > MAX_TRIALS:
         grids = ", ".join(f"{f} ({_grid_points(g)})" for f, g in flatten_grids(body))
-        raise ConfigError(problems + [f"{file}: the grids ({grids}) × sweep.seeds make {points} trials; at most {MAX_TRIALS} per sweep"])
+        raise ConfigError(problems + [f"{file}: the grids ({grids})" + (f" × sweep.num_samples ({samples})" if samples > 1 else "")
+                                      + f" × sweep.seeds make {points} trials; at most {MAX_TRIALS} per sweep"])
     expanded = _expand(body, (), problems, lambda at: f"{_where(file, lines, at)}: ")
+    if settings is not None:
+        expanded = _sample(expanded, settings, problems, lambda at: _where(file, lines, at))
     if problems:
         raise ConfigError(problems)
     seeds = settings.seeds if settings and settings.seeds else [None]
@@ -839,6 +879,14 @@ def load_sweep(path: str | Path, check_cluster: bool = True) -> Sweep:
                 f"{_where(file, lines, ('sweep', 'select_on'))}: sweep.select_on: 'validation' needs a validation part in "
                 f"every trial, but data.validation_fraction is 0 in {len(without)} of {len(trials)} (e.g. {without[0]}); "
                 "allowed: data.validation_fraction > 0 (e.g. 0.2), or select_on: test")
+    if settings is not None and settings.scheduler is not None and trials:
+        grace = settings.scheduler.asha.grace_rounds
+        short = [t for t in trials if t.config.rounds <= grace]
+        if short:
+            problems.append(
+                f"{_where(file, lines, ('sweep', 'scheduler', 'asha', 'grace_rounds'))}: sweep.scheduler.asha.grace_rounds: "
+                f"{grace}, but {len(short)} trial(s) run {short[0].config.rounds} round(s) or fewer, so the scheduler could "
+                f"stop nothing there; allowed: grace_rounds < rounds ({min(t.config.rounds for t in trials)}), or no scheduler")
     if settings is not None and trials:
         known = {k for t in trials for k in t.config.flat_params()}
         for name in settings.table_group_by:
@@ -851,6 +899,40 @@ def load_sweep(path: str | Path, check_cluster: bool = True) -> Sweep:
     if check_cluster:
         check_before_start([t.config for t in trials], file, settings.storage_path)
     return Sweep(settings, trials, source, file)
+
+
+def _sample(points: list[tuple[Any, dict[str, Any]]], settings: SweepSettings, problems: list[str],
+            locate: Callable[[tuple], str]) -> list[tuple[Any, dict[str, Any]]]:
+    """A random search's settings: each grid point's distributions drawn ``num_samples`` times
+    (:mod:`fedsweep.search`), from a generator seeded by ``search_seed`` and the point's position."""
+    found = {path: node for value, _ in points for path, node in search.distributions(value)}
+    for path, node in found.items():
+        field = ".".join(map(str, path))
+        if any(field == f or field.startswith(f + ".") for f in SWEEP_WIDE):
+            problems.append(f"{locate(path)}: {field}: one value serves the whole sweep and cannot be drawn "
+                            f"(sweep-wide fields: {', '.join(SWEEP_WIDE)})")
+        elif settings.search == "grid":
+            problems.append(f"{locate(path)}: {field}: a distribution ({next(iter(node))}) is drawn by a random search; "
+                            "allowed: sweep.search: random with sweep.num_samples, or a grid: [values]")
+        elif problem := search.distribution_problem(node):
+            problems.append(f"{locate(path)}: {field}: {problem}")
+    if settings.search != "random":
+        return points
+    if not found:
+        problems.append(f"{locate(('sweep', 'search'))}: sweep.search: 'random' draws the fields given as distributions "
+                        f"({', '.join('{' + k + ': ...}' for k in search.DISTRIBUTIONS)}), but the file has none")
+    if problems:
+        return points
+    out = []
+    for index, (value, overrides) in enumerate(points):
+        rng = np.random.default_rng([settings.search_seed, index])
+        drawn_at = tuple(".".join(map(str, path)) for path, _ in search.distributions(value))
+        # a grid point that chose a mapping lists its leaves; a distribution among them is a drawn value instead
+        fixed = {k: v for k, v in overrides.items() if not any(k == d or k.startswith(d + ".") for d in drawn_at)}
+        for _ in range(settings.num_samples or 1):
+            drawn, picked = search.draw(value, rng)
+            out.append((drawn, {**fixed, **picked}))
+    return out
 
 
 def format_value(v: Any) -> str:

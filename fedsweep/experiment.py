@@ -11,7 +11,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from fedsweep.config import ConfigError, ExperimentConfig, ResourcesConfig, check_fits
-from fedsweep.tracking import TAG_PREFIX, RunLogger
+from fedsweep.tracking import STOPPED_EARLY, TAG_PREFIX, RunLogger
 
 
 def connect_ray(resources: ResourcesConfig) -> None:
@@ -204,6 +204,20 @@ def execute(
             logger.finish(runner.client_table(), "FAILED" if diverged else "FINISHED", "diverged" if diverged else None)
         ended_cleanly = True
         return history
+    except SystemExit:
+        # Tune stopped the trial: its training thread exits at the report after the decision. A scheduler
+        # also stops a trial that reported its last round; one stopped before is complete up to its last
+        # round: FINISHED, and marked so that it is never a best setting.
+        if logger and not finished:
+            complete = bool(history) and int(history[-1]["round"]) >= cfg.rounds
+            diverged = bool(history and history[-1].get("diverged"))
+            try:
+                clients = runner.client_table() if complete else None
+            except Exception:  # noqa: BLE001 - the trial's actors may already be going; the run ends regardless
+                clients = None
+            logger.finish(clients, "FAILED" if diverged else "FINISHED",
+                          "diverged" if diverged else (None if complete else STOPPED_EARLY))
+        raise
     except BaseException:
         if logger and not finished:
             logger.finish(None, "FAILED", "error")

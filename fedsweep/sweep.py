@@ -15,7 +15,15 @@ from ray import tune
 from fedsweep import checkpoint as checkpoint_files
 from fedsweep.config import ConfigError, ExperimentConfig, Sweep
 from fedsweep.experiment import check_cluster, connect_ray, execute
-from fedsweep.tracking import TAG_PREFIX, RunLogger, client, ensure_experiment, resolve_tracking_uri, trial_title
+from fedsweep.tracking import (
+    STOPPED_EARLY,
+    TAG_PREFIX,
+    RunLogger,
+    client,
+    ensure_experiment,
+    resolve_tracking_uri,
+    trial_title,
+)
 
 
 def _git_sha() -> str:
@@ -42,7 +50,7 @@ def _earlier_attempts(tracking: dict[str, str], trial_id: str, keep: str | None 
     )
     done = None
     for run in earlier:
-        if run.data.tags.get(f"{TAG_PREFIX}outcome") in ("finished", "diverged") and done is None:
+        if run.data.tags.get(f"{TAG_PREFIX}outcome") in ("finished", "diverged", STOPPED_EARLY) and done is None:
             done = run
         elif run.info.run_id != keep:
             if run.info.status == "RUNNING":
@@ -138,6 +146,38 @@ def _log_report(uri: str, experiment: str, parent: str, settings) -> None:
               f"fedsweep report --experiment {experiment} --sweep-run {parent}", file=sys.stderr)
 
 
+def _mark_stopped_early(results, configs: list[ExperimentConfig], tracking: dict[str, str]) -> None:
+    """Each trial the scheduler stopped before its last round: its MLflow run FINISHED with outcome
+    stopped_early and the last round Tune saw. The trial's own thread marks it so when it reaches its next
+    report; this covers a thread that Tune ended before that (its run would be left RUNNING, or FAILED)."""
+    mlflow = client(tracking["uri"])
+    for result in results:
+        m = result.metrics or {}
+        if result.error is not None or m.get("diverged") or "trial_id" not in m:
+            continue
+        if int(m.get("round", 0)) >= configs[result.config["trial"]].rounds:
+            continue
+        for run in mlflow.search_runs(
+            [tracking["experiment_id"]],
+            filter_string=f"tags.`ray.trial_id` = '{m['trial_id']}' and tags.`mlflow.parentRunId` = '{tracking['parent_run_id']}'",
+        ):
+            mlflow.set_tag(run.info.run_id, f"{TAG_PREFIX}outcome", STOPPED_EARLY)
+            mlflow.set_tag(run.info.run_id, f"{TAG_PREFIX}stopped_after_round", str(int(m["round"])))
+            if run.info.status != "FINISHED":
+                mlflow.set_terminated(run.info.run_id, "FINISHED")
+
+
+def _scheduler(settings, configs: list[ExperimentConfig]):
+    """Tune's ASHA on rounds (each report is an evaluation round; ``round`` grows with it), or None."""
+    if settings.scheduler is None:
+        return None
+    from ray.tune.schedulers import ASHAScheduler
+
+    asha = settings.scheduler.asha
+    return ASHAScheduler(time_attr="round", grace_period=asha.grace_rounds, reduction_factor=asha.reduction_factor,
+                         max_t=max(c.rounds for c in configs))
+
+
 def _storage(sweep: Sweep) -> str:
     storage = sweep.settings.storage_path
     return storage if "://" in storage else str(Path(storage).resolve())
@@ -193,6 +233,8 @@ def run_sweep(sweep: Sweep, verbose: int = 1, resume: bool = False) -> dict[str,
                 f"{TAG_PREFIX}metric": settings.metric,
                 f"{TAG_PREFIX}mode": settings.mode,
                 f"{TAG_PREFIX}select_on": settings.select_on,
+                f"{TAG_PREFIX}search": settings.search,
+                **({f"{TAG_PREFIX}scheduler": json.dumps(settings.scheduler.model_dump())} if settings.scheduler else {}),
                 **({f"{TAG_PREFIX}target_accuracy": str(settings.target_accuracy)} if settings.target_accuracy else {}),
                 f"{TAG_PREFIX}table_group_by": json.dumps(settings.table_group_by),
                 f"{TAG_PREFIX}trials": str(len(configs)),
@@ -232,6 +274,7 @@ def run_sweep(sweep: Sweep, verbose: int = 1, resume: bool = False) -> dict[str,
                 metric=settings.selection_metric(),  # what a searcher or scheduler optimises
                 mode=settings.mode,
                 max_concurrent_trials=settings.max_concurrent_trials,
+                scheduler=_scheduler(settings, configs),
                 # A finished trial's actor (torch imported, bundle reserved) runs the next trial of equal
                 # resources: one process start fewer per trial.
                 reuse_actors=True,
@@ -251,6 +294,7 @@ def run_sweep(sweep: Sweep, verbose: int = 1, resume: bool = False) -> dict[str,
     status = "FAILED"
     try:
         results = tuner.fit()
+        _mark_stopped_early(results, configs, tracking)
         errors = sum(1 for r in results if r.error is not None)
         status = "FINISHED" if errors == 0 else "FAILED"
         _log_report(uri, first.tracking.experiment, parent, settings)

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from fedsweep.evaluation import VAL
-from fedsweep.tracking import LEAK_TAG, PARENT_TAG, TAG_PREFIX, client
+from fedsweep.tracking import LEAK_TAG, PARENT_TAG, STOPPED_EARLY, TAG_PREFIX, client
 
 #: Final-round metrics reported for the best setting, beside the one ranked by.
 REPORTED = ("personalized_accuracy_mean", "global_accuracy", "personalized_accuracy_worst", "personalized_accuracy_best")
@@ -89,8 +89,9 @@ def load_runs(
     rows = []
     for r in runs:
         tags = r.data.tags
-        diverged = tags.get(f"{TAG_PREFIX}outcome") == "diverged"
-        if f"{TAG_PREFIX}algorithm" not in tags or not (r.info.status == "FINISHED" or diverged):
+        outcome = tags.get(f"{TAG_PREFIX}outcome")
+        outcome = outcome if outcome in ("diverged", STOPPED_EARLY) else "finished"
+        if f"{TAG_PREFIX}algorithm" not in tags or not (r.info.status == "FINISHED" or outcome == "diverged"):
             continue
         if sweep_run_id is not None and tags.get(PARENT_TAG) != sweep_run_id:
             continue
@@ -102,7 +103,10 @@ def load_runs(
                 "setting": tags[f"{TAG_PREFIX}setting"],
                 "setting_label": tags.get(f"{TAG_PREFIX}setting_label", ""),
                 "seed": int(tags.get(f"{TAG_PREFIX}seed", 0)),
-                "outcome": "diverged" if diverged else "finished",
+                "outcome": outcome,
+                # the order the sweep ran its trials in (a budget counts the first settings tried)
+                "trial": (int(tags[f"{TAG_PREFIX}trial_index"]) if f"{TAG_PREFIX}trial_index" in tags else math.inf,
+                          r.info.start_time),
                 **{f"param:{k}": v for k, v in r.data.params.items()},
                 **r.data.metrics,
             }
@@ -117,10 +121,15 @@ def load_runs(
 
 
 def best_settings(runs: pd.DataFrame, metric: str, mode: str = "max", group_by: list[str] | tuple = (),
-                  select_on: str = "test") -> pd.DataFrame:
+                  select_on: str = "test", budget: int | None = None) -> pd.DataFrame:
     """One row per algorithm (and per value of each ``group_by`` parameter): its best setting by the mean
     of ``metric`` over seeds, with mean ± 95% CI; with ``select_on="validation"`` the best by the mean of
-    ``val_<metric>``, reported with ``metric`` and the other test metrics beside (``table.attrs`` says how)."""
+    ``val_<metric>``, reported with ``metric`` and the other test metrics beside (``table.attrs`` says how).
+
+    Only settings all of whose seeds ran to the end are eligible: one that diverged or that a scheduler
+    stopped early is counted, never chosen. With ``budget`` N, each row chooses among the first N settings
+    its algorithm's search tried (in trial order), so that an algorithm with more hyperparameters does not
+    win by having more tries."""
     if runs.empty:
         return pd.DataFrame()
     ranked = VAL + metric if select_on == "validation" else metric
@@ -135,8 +144,12 @@ def best_settings(runs: pd.DataFrame, metric: str, mode: str = "max", group_by: 
     rows = []
     keys = ["algorithm"] + [f"param:{p}" for p in group_by]
     for key, tried in runs.fillna({k: "" for k in keys}).groupby(keys, sort=True):
-        # a setting any of whose seeds diverged is not eligible (listed by `diverged_settings`)
-        group = tried[~tried["setting"].isin(_diverged(tried)["setting"])]
+        if budget is not None:
+            first = tried.groupby("setting")["trial"].min().sort_values(kind="stable")
+            tried = tried[tried["setting"].isin(first.index[:budget])]
+        # a setting any of whose seeds diverged or was stopped early is not eligible (listed below the table)
+        group = tried[~tried["setting"].isin(tried.loc[tried["outcome"] != "finished", "setting"])]
+        stopped = int((tried["outcome"] == STOPPED_EARLY).sum())
         if group.empty:
             continue
         by_setting = group.groupby("setting")[ranked].mean()
@@ -148,6 +161,7 @@ def best_settings(runs: pd.DataFrame, metric: str, mode: str = "max", group_by: 
             "best setting": chosen["setting_label"].iloc[0],
             "settings tried": int(tried["setting"].nunique()),
             "seeds": len(chosen),
+            **({"stopped early": stopped} if (runs["outcome"] == STOPPED_EARLY).any() else {}),
         }
         for key in dict.fromkeys((ranked, metric, *REPORTED)):
             if key in chosen.columns:
@@ -165,16 +179,24 @@ def best_settings(runs: pd.DataFrame, metric: str, mode: str = "max", group_by: 
         row["setting key"] = best  # fedsweep.setting of its runs: what the report and the analyst filter on
         rows.append(row)
     table = pd.DataFrame(rows)
-    table.attrs.update(select_on=select_on, ranked_by=ranked, metric=metric)
+    table.attrs.update(select_on=select_on, ranked_by=ranked, metric=metric, budget=budget)
     return table
 
 
 def selection_line(table: pd.DataFrame) -> str:
-    """What picked the settings of ``table``, for its header: said whenever it was not the reported metric."""
-    if table.attrs.get("select_on") != "validation":
-        return ""
-    return (f"Settings selected on validation: ranked by {table.attrs['ranked_by']} (the clients' validation parts, "
-            f"held out of their training data); every other column is measured on the test data, which chose nothing.")
+    """What picked the settings of ``table``, for its header: said whenever it was not the reported metric
+    over every setting tried."""
+    lines = []
+    if table.attrs.get("select_on") == "validation":
+        lines.append(f"Settings selected on validation: ranked by {table.attrs['ranked_by']} (the clients' validation "
+                     f"parts, held out of their training data); every other column is measured on the test data, which "
+                     f"chose nothing.")
+    if table.attrs.get("budget") is not None:
+        lines.append(f"Budget: each row's best of the first {table.attrs['budget']} settings its search tried "
+                     f"(trial order); 'settings tried' counts those.")
+    if "stopped early" in table.columns:
+        lines.append("'stopped early': trials a scheduler stopped before their last round; their settings are never chosen.")
+    return "\n".join(lines)
 
 
 def _diverged(runs: pd.DataFrame) -> pd.DataFrame:
@@ -212,12 +234,14 @@ def to_markdown(table: pd.DataFrame) -> str:
     header = selection_line(table)
     metrics = [c[: -len(" mean")] for c in table.columns if c.endswith(" mean")]
     target = "seeds reaching target" in table.columns
-    head = ["algorithm", "best setting", "settings tried", "seeds"] + [
+    stopped = "stopped early" in table.columns
+    head = ["algorithm", "best setting", "settings tried", "seeds"] + (["stopped early"] if stopped else []) + [
         m + (" (%)" if m.removeprefix(VAL).startswith(("personalized_accuracy", "global_accuracy")) else "") for m in metrics
     ] + (["seeds reaching target"] if target else [])
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for _, r in table.iterrows():
         cells = [str(r["algorithm"]), str(r["best setting"]), str(r["settings tried"]), str(r["seeds"])]
+        cells += [str(r["stopped early"])] if stopped else []
         cells += [
             _pm(r[f"{m} mean"], r[f"{m} ci95"], m not in TARGET_COLUMNS and "accuracy" in m, 1 if m in TARGET_COLUMNS else 4)
             for m in metrics

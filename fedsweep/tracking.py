@@ -20,6 +20,8 @@ TAG_PREFIX = "fedsweep."
 PARENT_TAG = "mlflow.parentRunId"
 #: Set on a run whose evaluation let the scored model see test data (Per-FedAvg's adapt_on_test_batch).
 LEAK_TAG, LEAK_VALUE = f"{TAG_PREFIX}evaluation", "adapt_on_test_batch (leaks test data)"
+#: ``fedsweep.outcome`` of a run that a scheduler stopped before its last round (FINISHED, never a best setting).
+STOPPED_EARLY = "stopped_early"
 # Keys of a round's metrics that are not logged as MLflow metrics.
 _NOT_METRICS = {"round", "diverged"}
 

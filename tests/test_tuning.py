@@ -3,6 +3,7 @@ it and reported on test; selection on test stays what it was."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import numpy as np
@@ -133,3 +134,126 @@ def test_a_real_sweep_where_validation_and_test_pick_different_settings(ray_sess
     assert "| fedavg | local_lr=0.1 |" in capsys.readouterr().out
     assert main(["table", "--experiment", "fair", "--tracking-uri", uri, "--select-on", "test"]) == 0
     assert "| fedavg | local_lr=0.3 |" in capsys.readouterr().out
+
+
+def _search_body(tmp_path, name: str, algorithm: dict, sweep: dict, rounds: int) -> dict:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    return {
+        "data": {**SYNTHETIC}, "model": {"name": "mlr"}, "rounds": rounds, "eval_every": 2,
+        "algorithm": {"name": "fedavg", "participation_rate": 0.5, "local_steps": 5, "batch_size": 10, **algorithm},
+        "resources": {"server_cpus": 0.2, "client_cpus": 0.3, "client_workers": 1},
+        "tracking": {"experiment": name, "tracking_uri": uri},
+        "sweep": {"name": name, "max_concurrent_trials": 2, "storage_path": str(tmp_path / "ray_results"), **sweep},
+    }
+
+
+def test_a_random_search_draws_the_same_settings_from_the_same_file_and_validates_them(tmp_path):
+    body = _search_body(tmp_path, "random", {"local_lr": {"loguniform": [0.001, 1.0]}, "local_steps": {"randint": [1, 4]},
+                                             "aggregation": {"choice": ["weighted", "uniform"]}},
+                        {"search": "random", "num_samples": 8, "seeds": [0, 1]}, 4)
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(body))
+    first, again = (load_sweep(tmp_path / "r.yaml", check_cluster=False) for _ in range(2))
+    assert [t.overrides for t in first.trials] == [t.overrides for t in again.trials]
+    assert len(first.trials) == 16 and len({t.config.setting_key() for t in first.trials}) == 8  # each drawn setting × 2 seeds
+    for t in first.trials:
+        a = t.config.algorithm
+        assert 0.001 <= a.local_lr <= 1.0 and 1 <= a.local_steps <= 4 and a.aggregation in ("weighted", "uniform")
+        assert t.overrides["algorithm.local_lr"] == a.local_lr and t.overrides["algorithm.local_steps"] == a.local_steps
+    assert len({t.config.algorithm.local_steps for t in first.trials}) > 1
+    body["sweep"]["search_seed"] = 1
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(body))
+    assert [t.overrides for t in load_sweep(tmp_path / "r.yaml", check_cluster=False).trials] != [t.overrides for t in first.trials]
+    # bad bounds and a distribution without a random search are refused before anything starts, naming the field
+    for bad, message in (({"loguniform": [0.0, 1.0]}, r"algorithm.local_lr: loguniform takes \[low, high\] with 0 < low < high, got low=0.0"),
+                         ({"uniform": [1.0, 0.5]}, r"algorithm.local_lr: uniform takes .* got low=1.0 >= high=0.5"),
+                         ({"randint": [1.5, 3]}, r"algorithm.local_lr: randint takes \[low, high\], integers")):
+        body["algorithm"]["local_lr"] = bad
+        (tmp_path / "r.yaml").write_text(yaml.safe_dump(body))
+        with pytest.raises(ConfigError, match=message):
+            load_sweep(tmp_path / "r.yaml", check_cluster=False)
+    body["sweep"] = {"name": "random"}
+    body["algorithm"]["local_lr"] = {"uniform": [0.1, 0.5]}
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(body))
+    with pytest.raises(ConfigError, match=r"algorithm.local_lr: a distribution \(uniform\) is drawn by a random search"):
+        load_sweep(tmp_path / "r.yaml", check_cluster=False)
+
+
+@pytest.mark.ray
+def test_a_random_search_of_8_samples_runs_each_drawn_setting_as_one_mlflow_run(ray_session, tmp_path):
+    body = _search_body(tmp_path, "random", {"local_lr": {"loguniform": [0.01, 1.0]}, "local_steps": {"randint": [1, 6]}},
+                        {"search": "random", "num_samples": 8, "search_seed": 7}, 4)
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(body))
+    sweep = load_sweep(tmp_path / "r.yaml")
+    from fedsweep.sweep import run_sweep
+
+    out = run_sweep(sweep, verbose=0)
+    assert out["errors"] == 0
+    runs, tags = load_runs(out["tracking_uri"], "random", out["parent_run_id"])
+    assert tags[f"{TAG_PREFIX}search"] == "random" and len(runs) == 8
+    logged = sorted((float(r["param:algorithm.local_lr"]), int(r["param:algorithm.local_steps"])) for _, r in runs.iterrows())
+    drawn = sorted((t.config.algorithm.local_lr, t.config.algorithm.local_steps) for t in sweep.trials)
+    assert logged == drawn
+
+
+@pytest.mark.ray
+def test_asha_stops_bad_settings_early_and_the_table_never_picks_one(ray_session, tmp_path, capsys):
+    """8 learning rates from 0.5 down to 1e-4 (learns next to nothing), 16 rounds, ASHA from round 2 halving: some
+    trials stop early; their runs end FINISHED, marked stopped_early; fewer rounds are run than the grid's."""
+    lrs = [0.5, 0.2, 0.05, 0.01, 0.003, 0.001, 0.0003, 0.0001]  # the good ones first: ASHA compares with those before
+    body = _search_body(tmp_path, "asha", {"local_lr": {"grid": lrs}},
+                        {"scheduler": {"asha": {"grace_rounds": 2, "reduction_factor": 2}}}, 16)
+    (tmp_path / "a.yaml").write_text(yaml.safe_dump(body))
+    assert main(["sweep", str(tmp_path / "a.yaml"), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    uri = body["tracking"]["tracking_uri"]
+    c = client(uri)
+    exp = c.get_experiment_by_name("asha").experiment_id
+    trials = [r for r in c.search_runs([exp]) if "mlflow.parentRunId" in r.data.tags]
+    assert len(trials) == 8 and {r.info.status for r in trials} == {"FINISHED"}
+    rounds_run = {r.data.params["algorithm.local_lr"]: max(m.step for m in c.get_metric_history(r.info.run_id, "uploads"))
+                  for r in trials}
+    stopped = {r.data.params["algorithm.local_lr"] for r in trials if r.data.tags[f"{TAG_PREFIX}outcome"] == "stopped_early"}
+    assert stopped and all(rounds_run[lr] < 16 for lr in stopped)
+    assert all(rounds_run[lr] == 16 for lr in set(rounds_run) - stopped)
+    assert sum(rounds_run.values()) < 8 * 16
+    runs, _ = load_runs(uri, "asha")
+    table = best_settings(runs, "personalized_accuracy_mean")
+    best_lr = table["best setting"].iloc[0].split("=")[1]
+    assert best_lr not in stopped and table["stopped early"].iloc[0] == len(stopped)
+    assert "stopped early" in printed
+    # the Tune scheduler saw the same thing: the stopped trials' last results are before round 16
+    parent = next(r for r in c.search_runs([exp]) if r.data.tags.get(f"{TAG_PREFIX}sweep") == "true")
+    assert json.loads(parent.data.tags[f"{TAG_PREFIX}scheduler"]) == {"asha": {"grace_rounds": 2, "reduction_factor": 2.0}}
+
+
+def test_a_scheduler_that_could_stop_nothing_is_refused(tmp_path):
+    body = _search_body(tmp_path, "asha", {"local_lr": {"grid": [0.1, 0.2]}}, {"scheduler": {"asha": {"grace_rounds": 4}}}, 4)
+    (tmp_path / "a.yaml").write_text(yaml.safe_dump(body))
+    with pytest.raises(ConfigError, match=r"sweep.scheduler.asha.grace_rounds: 4, but 2 trial\(s\) run 4 round\(s\) or fewer"):
+        load_sweep(tmp_path / "a.yaml", check_cluster=False)
+    body["sweep"]["scheduler"] = {"asha": {"grace_rounds": 1, "reduction_factor": 1}}
+    (tmp_path / "a.yaml").write_text(yaml.safe_dump(body))
+    with pytest.raises(ConfigError, match=r"sweep.scheduler.asha.reduction_factor: Input should be greater than 1"):
+        load_sweep(tmp_path / "a.yaml", check_cluster=False)
+
+
+def test_a_budget_chooses_among_the_first_settings_each_algorithm_tried(tmp_path, capsys):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    c, exp = client(uri), ensure_experiment(uri, "budget")
+    order = 0
+    for lr, acc in ((0.1, 0.70), (0.2, 0.75), (0.3, 0.90)):  # the best setting is the third tried
+        for seed in (0, 1):
+            run = c.create_run(exp, tags={f"{TAG_PREFIX}algorithm": "fedavg", f"{TAG_PREFIX}setting": f"lr={lr}",
+                                          f"{TAG_PREFIX}setting_label": f"local_lr={lr}", f"{TAG_PREFIX}seed": str(seed),
+                                          f"{TAG_PREFIX}trial_index": str(order)}).info.run_id
+            order += 1
+            c.log_metric(run, "personalized_accuracy_mean", acc + 0.01 * seed, step=4)
+            c.set_terminated(run, "FINISHED")
+    runs, _ = load_runs(uri, "budget")
+    assert best_settings(runs, "personalized_accuracy_mean")["best setting"].tolist() == ["local_lr=0.3"]
+    two = best_settings(runs, "personalized_accuracy_mean", budget=2)
+    assert two["best setting"].tolist() == ["local_lr=0.2"] and two["settings tried"].tolist() == [2]
+    assert main(["table", "--experiment", "budget", "--tracking-uri", uri, "--budget", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "| fedavg | local_lr=0.1 | 1 |" in out and "Budget: each row's best of the first 1 settings" in out
+    assert main(["table", "--experiment", "budget", "--tracking-uri", uri, "--budget", "0"]) == 2
