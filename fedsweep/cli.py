@@ -49,7 +49,7 @@ def cmd_validate(args) -> int:
             code = _print_problems(e)
             continue
         algorithms = sorted({t.config.algorithm.name for t in sweep.trials})
-        print(f"{file}: OK — {len(sweep.trials)} trial(s), algorithms: {', '.join(algorithms)}")
+        print(f"{file}: OK — {sweep.describe()}, algorithms: {', '.join(algorithms)}")
     return code
 
 
@@ -101,7 +101,7 @@ def cmd_sweep(args) -> int:
     from fedsweep.tracking import resolve_tracking_uri
 
     sweep = load_sweep(args.file)
-    print(f"{args.file}: {len(sweep.trials)} trial(s), at most {sweep.settings.max_concurrent_trials} at a time")
+    print(f"{args.file}: {sweep.describe()}, at most {sweep.settings.max_concurrent_trials} trial(s) at a time")
     out = run_sweep(sweep, verbose=0 if args.quiet else 1, resume=args.resume)
     experiment = sweep.trials[0].config.tracking.experiment
     runs, _ = load_runs(out["tracking_uri"], experiment, out["parent_run_id"], sweep.settings.target_accuracy)

@@ -288,15 +288,17 @@ class SweepSettings(StrictModel):
         description="Personalized accuracy (a fraction, e.g. 0.876) whose first round and model transmissions "
         "the table and the report give for each best setting; null = none.",
     )
-    search: Literal["grid", "random"] = Field(
+    search: Literal["grid", "random", "optuna"] = Field(
         "grid",
         description="'grid': every grid point once per seed; 'random': each grid point's distributions "
-        "({loguniform|uniform|randint|choice: ...}) drawn num_samples times, each draw once per seed.",
+        "({loguniform|uniform|randint|choice: ...}) drawn num_samples times, each draw once per seed; 'optuna': "
+        "num_samples settings per grid point chosen by an Optuna study (TPE) told each one's mean over the seeds "
+        "(the optuna extra).",
     )
     num_samples: int | None = Field(
-        None, ge=1, description="Settings a random search draws for each grid point (required by search: random)."
+        None, ge=1, description="Settings a random or Optuna search draws for each grid point (required by both)."
     )
-    search_seed: Seed = Field(0, description="Seed of a random search's draws: the same file draws the same settings.")
+    search_seed: Seed = Field(0, description="Seed of a search's draws: the same file draws the same settings.")
     scheduler: SchedulerSettings | None = Field(
         None,
         description="Early stopping of bad settings: {asha: {grace_rounds, reduction_factor}}; a stopped trial's run "
@@ -320,8 +322,18 @@ class SweepSettings(StrictModel):
 
     @model_validator(mode="after")
     def _search(self):
-        if self.search == "random" and self.num_samples is None:
-            raise ValueError("search: 'random' needs num_samples, the settings to draw for each grid point (e.g. 8)")
+        if self.search != "grid" and self.num_samples is None:
+            raise ValueError(f"search: {self.search!r} needs num_samples, the settings to draw for each grid point (e.g. 8)")
+        if self.search == "optuna":
+            import importlib.util
+
+            if importlib.util.find_spec("optuna") is None:
+                raise ValueError("search: 'optuna' needs the optuna package, which is not installed: "
+                                 "pip install 'fedsweep[optuna]' (or pip install optuna)")
+            if self.scheduler is not None and self.seeds and len(self.seeds) > 1:
+                raise ValueError("scheduler: with search: 'optuna' a trial runs its seeds one after another, so a "
+                                 "scheduler would compare rounds of different seeds; allowed: one seed (seeds: [s]), "
+                                 "or no scheduler")
         if self.search == "grid" and self.num_samples is not None:
             raise ValueError("num_samples: only a random search draws samples (search: random); a grid runs each "
                              "point once per seed")
@@ -357,13 +369,26 @@ def overrides_label(overrides: dict[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class Sweep:
+    """A sweep file, read and validated. ``trials`` are its trials; for an Optuna search, whose settings are
+    chosen while it runs, ``points`` are what its studies search (a grid point's value with its
+    distributions, and the grid values that picked it) and ``trials`` one validated trial per point and seed
+    (the distributions at their low ends), which stand for the point's trials in every check."""
+
     settings: SweepSettings
     trials: list[Trial]
     source: str
     path: str
+    points: list[tuple[Any, dict[str, Any]]] | None = None
 
     def source_hash(self) -> str:
         return hashlib.sha1(self.source.encode()).hexdigest()[:12]
+
+    def describe(self) -> str:
+        if self.points is None:
+            return f"{len(self.trials)} trial(s)"
+        seeds = len(self.settings.seeds or [None])
+        return (f"an Optuna search of {self.settings.num_samples} setting(s) for each of {len(self.points)} grid "
+                f"point(s), each on {seeds} seed(s): {self.settings.num_samples * len(self.points) * seeds} run(s)")
 
 
 class ConfigError(ValueError):
@@ -856,6 +881,19 @@ def load_sweep(path: str | Path, check_cluster: bool = True) -> Sweep:
         expanded = _sample(expanded, settings, problems, lambda at: _where(file, lines, at))
     if problems:
         raise ConfigError(problems)
+    search_points = None
+    if settings is not None and settings.search == "optuna":
+        # the settings are drawn while the sweep runs: validate every point at the edges of its distributions
+        search_points = [(value, _without_drawn(value, overrides)) for value, overrides in expanded]
+        for corner, fixed in [(c, fixed) for value, fixed in search_points for c in search.corners(value)]:
+            try:
+                validate({**corner, **({"seed": settings.seeds[0]} if settings.seeds else {})}, file, lines)
+            except ConfigError as e:
+                problems += [f"{p} [at an edge of the search space of {overrides_label(fixed)}]" for p in e.problems
+                             if f"{p} [at an edge of the search space of {overrides_label(fixed)}]" not in problems]
+        if problems:
+            raise ConfigError(problems)
+        expanded = [(search.corners(value)[0], fixed) for value, fixed in search_points]
     seeds = settings.seeds if settings and settings.seeds else [None]
     trials: list[Trial] = []
     failing: dict[str, list[str]] = {}  # problem -> labels of the grid points that have it
@@ -898,7 +936,7 @@ def load_sweep(path: str | Path, check_cluster: bool = True) -> Sweep:
     assert settings is not None
     if check_cluster:
         check_before_start([t.config for t in trials], file, settings.storage_path)
-    return Sweep(settings, trials, source, file)
+    return Sweep(settings, trials, source, file, search_points)
 
 
 def _sample(points: list[tuple[Any, dict[str, Any]]], settings: SweepSettings, problems: list[str],
@@ -916,23 +954,38 @@ def _sample(points: list[tuple[Any, dict[str, Any]]], settings: SweepSettings, p
                             "allowed: sweep.search: random with sweep.num_samples, or a grid: [values]")
         elif problem := search.distribution_problem(node):
             problems.append(f"{locate(path)}: {field}: {problem}")
-    if settings.search != "random":
+    if settings.search == "grid":
         return points
     if not found:
-        problems.append(f"{locate(('sweep', 'search'))}: sweep.search: 'random' draws the fields given as distributions "
-                        f"({', '.join('{' + k + ': ...}' for k in search.DISTRIBUTIONS)}), but the file has none")
+        problems.append(f"{locate(('sweep', 'search'))}: sweep.search: {settings.search!r} draws the fields given as "
+                        f"distributions ({', '.join('{' + k + ': ...}' for k in search.DISTRIBUTIONS)}), but the file has none")
+    if settings.search == "optuna":
+        for path, node in found.items():
+            field = ".".join(map(str, path))
+            if field.startswith("resources."):
+                problems.append(f"{locate(path)}: {field}: an Optuna search places its trials before it draws them, so "
+                                "resources cannot be drawn; allowed: a fixed value or a grid")
+            elif "choice" in node and any(search.distributions(v) for v in node["choice"]):
+                problems.append(f"{locate(path)}: {field}: an Optuna search does not draw inside a choice; allowed: a "
+                                "grid of mappings, each with its own distributions, or search: random")
+        return points
     if problems:
         return points
     out = []
     for index, (value, overrides) in enumerate(points):
         rng = np.random.default_rng([settings.search_seed, index])
-        drawn_at = tuple(".".join(map(str, path)) for path, _ in search.distributions(value))
-        # a grid point that chose a mapping lists its leaves; a distribution among them is a drawn value instead
-        fixed = {k: v for k, v in overrides.items() if not any(k == d or k.startswith(d + ".") for d in drawn_at)}
+        fixed = _without_drawn(value, overrides)
         for _ in range(settings.num_samples or 1):
             drawn, picked = search.draw(value, rng)
             out.append((drawn, {**fixed, **picked}))
     return out
+
+
+def _without_drawn(value: Any, overrides: dict[str, Any]) -> dict[str, Any]:
+    """A grid point's overrides without the leaves of its distributions (a grid point that chose a mapping
+    lists its leaves; a distribution among them is a drawn value instead)."""
+    drawn_at = tuple(".".join(map(str, path)) for path, _ in search.distributions(value))
+    return {k: v for k, v in overrides.items() if not any(k == d or k.startswith(d + ".") for d in drawn_at)}
 
 
 def format_value(v: Any) -> str:

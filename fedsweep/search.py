@@ -92,3 +92,63 @@ def draw(node: Any, rng: np.random.Generator, path: tuple = ()) -> tuple[Any, di
 
 def _rounded(value: float, digits: int = 4) -> float:
     return float(f"{value:.{digits - 1}e}")
+
+
+# --------------------------------------------------------------------------- Optuna (sweep.search: optuna)
+# Each grid point is searched by its own Optuna study (fedsweep.optuna_search): a Tune trial is one drawn
+# setting, run on every seed of sweep.seeds in turn; the study is told the mean over the seeds.
+
+
+def optuna_space(value: Any) -> dict[str, Any]:
+    """Optuna's distributions for the distributions of a grid point's value, keyed d0, d1, ... in file order
+    (a choice is drawn as the index of its value)."""
+    import optuna.distributions as od
+
+    space = {}
+    for i, (_, node) in enumerate(distributions(value)):
+        (kind, args), = node.items()
+        if kind == "choice":
+            space[f"d{i}"] = od.CategoricalDistribution(list(range(len(args))))
+        elif kind == "randint":
+            space[f"d{i}"] = od.IntDistribution(args[0], args[1])
+        else:
+            space[f"d{i}"] = od.FloatDistribution(float(args[0]), float(args[1]), log=kind == "loguniform")
+    return space
+
+
+def substitute(value: Any, drawn: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """``value`` with its i-th distribution replaced by ``drawn["d<i>"]`` (rounded as :func:`draw` rounds),
+    and the values put in by dotted path."""
+    import copy
+
+    from fedsweep.config import flatten
+
+    out = copy.deepcopy(value)
+    picked: dict[str, Any] = {}
+    for i, (path, node) in enumerate(distributions(value)):
+        (kind, args), = node.items()
+        v = drawn[f"d{i}"]
+        v = args[int(v)] if kind == "choice" else int(v) if kind == "randint" else _rounded(float(v))
+        parent = out
+        for key in path[:-1]:
+            parent = parent[key]
+        parent[path[-1]] = v
+        picked.update(flatten(v, ".".join(path) + ".") if isinstance(v, dict) else {".".join(path): v})
+    return out, picked
+
+
+def corners(value: Any) -> list[Any]:
+    """Values of a grid point that an Optuna search may produce at the edges of its distributions: every
+    distribution at its low end, at its high end, and each value of each choice; validating these before
+    the search starts finds a bound no drawn setting could satisfy."""
+    found = distributions(value)
+    if not found:
+        return [value]
+    ends = []
+    for pick in (0, -1):
+        ends.append({f"d{i}": (0 if pick == 0 else len(next(iter(n.values()))) - 1)
+                     if "choice" in n else next(iter(n.values()))[pick] for i, (_, n) in enumerate(found)})
+    for i, (_, node) in enumerate(found):
+        if "choice" in node:
+            ends += [{**ends[0], f"d{i}": j} for j in range(len(node["choice"]))]
+    return [substitute(value, d)[0] for d in ends]

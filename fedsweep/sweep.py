@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import ray
 from ray import tune
 
 from fedsweep import checkpoint as checkpoint_files
+from fedsweep import search
 from fedsweep.config import ConfigError, ExperimentConfig, Sweep
 from fedsweep.experiment import check_cluster, connect_ray, execute
 from fedsweep.tracking import (
@@ -38,15 +40,17 @@ def _git_sha() -> str:
 SWEEP_STATE = "fedsweep_sweep.json"
 
 
-def _earlier_attempts(tracking: dict[str, str], trial_id: str, keep: str | None = None):
-    """Before a trial (re)starts, its earlier MLflow runs under this sweep: one that finished (or
-    diverged) is returned, so the trial is not rerun — Tune may not have recorded its end before the
-    driver died; unfinished ones (driver killed: RUNNING; crashed: FAILED) are marked KILLED and deleted,
-    so that the sweep ends with exactly one run per trial; ``keep`` (the run a checkpoint continues) stays."""
+def _earlier_attempts(tracking: dict[str, str], trial_id: str, seed: int, keep: str | None = None):
+    """Before a trial's experiment on ``seed`` (re)starts, its earlier MLflow runs under this sweep: one that
+    finished (or diverged, or was stopped early) is returned, so it is not rerun — Tune may not have recorded
+    its end before the driver died; unfinished ones (driver killed: RUNNING; crashed: FAILED) are marked
+    KILLED and deleted, so that the sweep ends with exactly one run per trial and seed; ``keep`` (the run a
+    checkpoint continues) stays."""
     mlflow = client(tracking["uri"])
     earlier = mlflow.search_runs(
         [tracking["experiment_id"]],
-        filter_string=f"tags.`ray.trial_id` = '{trial_id}' and tags.`mlflow.parentRunId` = '{tracking['parent_run_id']}'",
+        filter_string=f"tags.`ray.trial_id` = '{trial_id}' and tags.`mlflow.parentRunId` = '{tracking['parent_run_id']}' "
+        f"and tags.`{TAG_PREFIX}seed` = '{seed}'",
     )
     done = None
     for run in earlier:
@@ -59,39 +63,45 @@ def _earlier_attempts(tracking: dict[str, str], trial_id: str, keep: str | None 
     return done
 
 
-def _trial(config: dict[str, Any], configs: list[ExperimentConfig], overrides: list[dict], tracking: dict[str, str],
-           checkpoint_every: int = 0, checkpoint_root: str | None = None) -> None:
-    """Tune function trainable: one experiment, reported to Tune at every evaluation round. Every
-    ``checkpoint_every`` rounds it saves a checkpoint under ``checkpoint_root/trial_NNNN`` (kept by
-    fedsweep, not Tune, so that what is on disk never depends on when Tune last saved its own state);
-    a trial that starts again (resume, retry) goes on from the newest one."""
-    index = config["trial"]
-    cfg = configs[index]
+def _experiment(cfg: ExperimentConfig, overrides: dict, index: int, tracking: dict[str, str], checkpoint_every: int,
+                trial_dir: Path | None, to_tune: Callable[[dict[str, float]], None]) -> dict[str, float]:
+    """One experiment of a trial, its own MLflow run, each evaluation round passed to ``to_tune``; returns its
+    last evaluation's metrics. Every ``checkpoint_every`` rounds it saves a checkpoint in ``trial_dir`` (kept
+    by fedsweep, not Tune, so that what is on disk never depends on when Tune last saved its own state); an
+    experiment that starts again (resume, retry) goes on from the newest one."""
     ctx = tune.get_context()
-    trial_dir = Path(checkpoint_root) / f"trial_{index:04d}" if checkpoint_root else None
     saved = checkpoint_files.load_latest(trial_dir) if trial_dir else None
     resume, run_id = saved[0] if saved else None, saved[1]["run_id"] if saved else None
-    done = _earlier_attempts(tracking, ctx.get_trial_id(), keep=run_id)
+    done = _earlier_attempts(tracking, ctx.get_trial_id(), cfg.seed, keep=run_id)
     if done is not None:  # finished before an interruption: its final metrics, not a rerun
-        diverged = done.data.tags.get(f"{TAG_PREFIX}outcome") == "diverged"
-        tune.report({**{k: float(v) for k, v in done.data.metrics.items()}, **({"diverged": 1.0} if diverged else {})})
-        return
+        tags = done.data.tags
+        diverged = tags.get(f"{TAG_PREFIX}outcome") == "diverged"
+        final = {k: float(v) for k, v in done.data.metrics.items()}
+        if diverged:
+            final["diverged"] = 1.0
+        else:  # the round a scheduler counts in (a run stopped early: the round it was stopped at)
+            final["round"] = float(tags.get(f"{TAG_PREFIX}stopped_after_round", cfg.rounds))
+        to_tune(final)
+        return final
     logger = RunLogger(
         tracking["uri"],
         tracking["experiment_id"],
         cfg,
-        run_name=f"{trial_title(cfg, overrides[index])} #{index}",
+        run_name=f"{trial_title(cfg, overrides)} #{index}",
         parent_run_id=tracking["parent_run_id"],
-        overrides=overrides[index],
+        overrides=overrides,
         tags={"ray.trial_id": ctx.get_trial_id(), f"{TAG_PREFIX}trial_index": str(index)},
         run_id=run_id,
     )
     if resume is not None:
         logger.client.set_tag(logger.run_id, f"{TAG_PREFIX}resumed_after_round", str(resume["round"]))
+    last: dict[str, float] = {}
 
     def report(metrics: dict[str, float]) -> None:
         if "global_accuracy" in metrics or metrics.get("diverged"):
-            tune.report({k: float(v) for k, v in metrics.items()})
+            last.clear()
+            last.update({k: float(v) for k, v in metrics.items()})
+            to_tune(dict(last))
 
     def save_and_report(metrics: dict[str, float], checkpoint: dict) -> None:
         checkpoint_files.save_latest(checkpoint, trial_dir, {"run_id": logger.run_id})
@@ -99,6 +109,52 @@ def _trial(config: dict[str, Any], configs: list[ExperimentConfig], overrides: l
 
     execute(cfg, logger, report, trial_placement_group=ray.util.get_current_placement_group(),
             checkpoint_every=checkpoint_every if trial_dir else 0, on_checkpoint=save_and_report, resume=resume)
+    return last
+
+
+def _trial(config: dict[str, Any], configs: list[ExperimentConfig], overrides: list[dict], tracking: dict[str, str],
+           checkpoint_every: int = 0, checkpoint_root: str | None = None) -> None:
+    """Tune function trainable of a grid or random search: one experiment, reported to Tune at every
+    evaluation round, checkpointed under ``checkpoint_root/trial_NNNN``."""
+    index = config["trial"]
+    trial_dir = Path(checkpoint_root) / f"trial_{index:04d}" if checkpoint_root else None
+    _experiment(configs[index], overrides[index], index, tracking, checkpoint_every, trial_dir,
+                lambda metrics: tune.report(metrics))
+
+
+def _setting_trial(config: dict[str, Any], points: list[tuple[Any, dict]], seeds: list[int | None], metric: str,
+                   tracking: dict[str, str], file: str, checkpoint_every: int = 0, checkpoint_root: str | None = None) -> None:
+    """Tune function trainable of an Optuna search: the drawn setting on every seed, one after another, each its
+    own MLflow run. Each report carries the seed's metrics, and as ``metric`` the mean over the seeds so far
+    (the finished ones' last value and the running one's current value): the study is told the mean over
+    every seed's final value."""
+    index = config["trial"]
+    cfgs, overrides = setting_configs(config, points, seeds, file)
+    finals: list[float] = []
+    for cfg in cfgs:
+        trial_dir = Path(checkpoint_root) / f"trial_{index:04d}" / f"seed_{cfg.seed}" if checkpoint_root else None
+
+        def to_tune(metrics: dict[str, float], seed: int = cfg.seed) -> None:
+            if metric in metrics:
+                metrics = {**metrics, metric: float(sum(finals) + metrics[metric]) / (len(finals) + 1)}
+            tune.report({**metrics, "seed": float(seed)})
+
+        last = _experiment(cfg, {**overrides, "seed": cfg.seed}, index, tracking, checkpoint_every, trial_dir, to_tune)
+        if last.get("diverged") or metric not in last:
+            return  # a setting any of whose seeds diverged is not eligible: its other seeds need not run
+        finals.append(last[metric])
+
+
+def setting_configs(config: dict[str, Any], points: list[tuple[Any, dict]], seeds: list[int | None],
+                    file: str = "<sweep>") -> tuple[list[ExperimentConfig], dict[str, Any]]:
+    """The configs (one per seed) and the overrides of the setting an Optuna study drew (``config`` as
+    :class:`~fedsweep.optuna_search.PointwiseOptuna` suggests it)."""
+    from fedsweep.config import validate
+
+    value, fixed = points[config["point"]]
+    drawn, picked = search.substitute(value, config["drawn"])
+    cfgs = [validate({**drawn, **({"seed": seed} if seed is not None else {})}, file) for seed in seeds]
+    return cfgs, {**fixed, **picked}
 
 
 class _Progress(tune.Callback):
@@ -146,21 +202,23 @@ def _log_report(uri: str, experiment: str, parent: str, settings) -> None:
               f"fedsweep report --experiment {experiment} --sweep-run {parent}", file=sys.stderr)
 
 
-def _mark_stopped_early(results, configs: list[ExperimentConfig], tracking: dict[str, str]) -> None:
+def _mark_stopped_early(results, rounds: Callable[[dict], int], tracking: dict[str, str]) -> None:
     """Each trial the scheduler stopped before its last round: its MLflow run FINISHED with outcome
     stopped_early and the last round Tune saw. The trial's own thread marks it so when it reaches its next
     report; this covers a thread that Tune ended before that (its run would be left RUNNING, or FAILED)."""
     mlflow = client(tracking["uri"])
     for result in results:
         m = result.metrics or {}
-        if result.error is not None or m.get("diverged") or "trial_id" not in m:
-            continue
-        if int(m.get("round", 0)) >= configs[result.config["trial"]].rounds:
+        if result.error is not None or m.get("diverged") or "trial_id" not in m or "round" not in m:
+            continue  # (a trial that had finished before a resume reports its MLflow metrics, without a round)
+        if int(m["round"]) >= rounds(result.config):
             continue
         for run in mlflow.search_runs(
             [tracking["experiment_id"]],
             filter_string=f"tags.`ray.trial_id` = '{m['trial_id']}' and tags.`mlflow.parentRunId` = '{tracking['parent_run_id']}'",
         ):
+            if run.data.tags.get(f"{TAG_PREFIX}outcome") in ("finished", "diverged"):
+                continue  # an Optuna trial's earlier seeds, which ran to the end
             mlflow.set_tag(run.info.run_id, f"{TAG_PREFIX}outcome", STOPPED_EARLY)
             mlflow.set_tag(run.info.run_id, f"{TAG_PREFIX}stopped_after_round", str(int(m["round"])))
             if run.info.status != "FINISHED":
@@ -244,32 +302,53 @@ def run_sweep(sweep: Sweep, verbose: int = 1, resume: bool = False) -> dict[str,
             },
         ).info.run_id
     tracking = {"uri": uri, "experiment_id": experiment_id, "parent_run_id": parent}
-    overrides = [t.overrides for t in sweep.trials]
-    trainable = tune.with_parameters(
-        _trial, configs=configs, overrides=overrides, tracking=tracking, checkpoint_every=settings.checkpoint_every,
-        checkpoint_root=str(experiment_dir / "fedsweep_checkpoints") if experiment_dir else None,
-    )
+    checkpoint_root = str(experiment_dir / "fedsweep_checkpoints") if experiment_dir else None
+    if sweep.points is None:  # grid or random search: the trials are known; Tune runs them by index
+        trainable = tune.with_parameters(
+            _trial, configs=configs, overrides=[t.overrides for t in sweep.trials], tracking=tracking,
+            checkpoint_every=settings.checkpoint_every, checkpoint_root=checkpoint_root,
+        )
+        placed = lambda spec: configs[spec["trial"]]
+        titles = [trial_title(t.config, t.overrides) for t in sweep.trials]
+        title = lambda config: titles[config["trial"]]
+        total, search_config = len(sweep.trials), {"param_space": {"trial": tune.grid_search([t.index for t in sweep.trials])}}
+    else:  # an Optuna search: a trial is a setting its study draws, run on every seed
+        seeds = settings.seeds or [None]
+        trainable = tune.with_parameters(
+            _setting_trial, points=sweep.points, seeds=seeds, metric=settings.selection_metric(), tracking=tracking,
+            file=sweep.path, checkpoint_every=settings.checkpoint_every, checkpoint_root=checkpoint_root,
+        )
+        placed = lambda spec: configs[spec["point"] * len(seeds)]
+
+        def title(config: dict) -> str:
+            cfgs, overrides = setting_configs(config, sweep.points, seeds[:1])
+            return trial_title(cfgs[0], overrides).replace(f"seed={cfgs[0].seed}", f"{len(seeds)} seed(s)")
+
+        total = settings.num_samples * len(sweep.points)
+        from fedsweep.optuna_search import PointwiseOptuna
+
+        study = PointwiseOptuna([search.optuna_space(value) for value, _ in sweep.points], settings.num_samples,
+                                settings.selection_metric(), settings.mode, settings.search_seed)
+        search_config = {"search_alg": study, "num_samples": total}
     trainable = tune.with_resources(
         trainable,
-        lambda spec: PlacementGroupFactory(
-            configs[spec["trial"]].resources.bundles(configs[spec["trial"]].num_clients),
-            strategy="PACK",
-        ),
+        lambda spec: PlacementGroupFactory(placed(spec).resources.bundles(placed(spec).num_clients), strategy="PACK"),
     )
-    titles = [trial_title(t.config, t.overrides) for t in sweep.trials]
-    callbacks = [_Progress(len(sweep.trials))] if verbose else []
+    callbacks = [_Progress(total)] if verbose else []
     if restore_from is not None:
         tuner = tune.Tuner.restore(str(experiment_dir), trainable, resume_unfinished=True, restart_errored=True)
     else:
         mlflow.log_text(parent, sweep.source, "sweep.yaml")
         tuner = tune.Tuner(
             trainable,
-            # the trial's index only: its values are in its name, its MLflow params and the sweep file (a
-            # dict here made Tune's console show a truncated "point" column)
-            param_space={"trial": tune.grid_search([t.index for t in sweep.trials])},
+            # a grid's param space is the trial's index only: its values are in its name, its MLflow params and
+            # the sweep file (a dict here made Tune's console show a truncated "point" column)
+            param_space=search_config.get("param_space"),
             tune_config=tune.TuneConfig(
+                search_alg=search_config.get("search_alg"),
+                num_samples=search_config.get("num_samples", 1),
                 # the console and the Tune folders name trials by what they are, not by an opaque point
-                trial_name_creator=lambda trial: f"{titles[trial.config['trial']]} #{trial.config['trial']}",
+                trial_name_creator=lambda trial: f"{title(trial.config)} #{trial.config['trial']}",
                 trial_dirname_creator=lambda trial: f"trial_{trial.config['trial']:04d}_{trial.trial_id}",
                 metric=settings.selection_metric(),  # what a searcher or scheduler optimises
                 mode=settings.mode,
@@ -294,7 +373,8 @@ def run_sweep(sweep: Sweep, verbose: int = 1, resume: bool = False) -> dict[str,
     status = "FAILED"
     try:
         results = tuner.fit()
-        _mark_stopped_early(results, configs, tracking)
+        if settings.scheduler is not None:
+            _mark_stopped_early(results, lambda config: placed(config).rounds, tracking)
         errors = sum(1 for r in results if r.error is not None)
         status = "FINISHED" if errors == 0 else "FAILED"
         _log_report(uri, first.tracking.experiment, parent, settings)

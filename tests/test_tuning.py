@@ -257,3 +257,61 @@ def test_a_budget_chooses_among_the_first_settings_each_algorithm_tried(tmp_path
     out = capsys.readouterr().out
     assert "| fedavg | local_lr=0.1 | 1 |" in out and "Budget: each row's best of the first 1 settings" in out
     assert main(["table", "--experiment", "budget", "--tracking-uri", uri, "--budget", "0"]) == 2
+
+
+def _optuna_file(tmp_path, name: str, **sweep) -> str:
+    body = _search_body(tmp_path, name, {"local_lr": {"loguniform": [0.01, 1.0]}, "local_steps": {"randint": [1, 6]}},
+                        {"search": "optuna", "num_samples": 8, "seeds": [0, 1], "select_on": "validation", **sweep}, 2)
+    body["data"]["validation_fraction"] = 0.3
+    (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(body))
+    return str(tmp_path / f"{name}.yaml")
+
+
+@pytest.mark.ray
+def test_an_optuna_search_of_8_samples_runs_reproducibly_each_setting_on_every_seed(ray_session, tmp_path):
+    """The study draws 8 settings; each is run on both seeds, one MLflow run per seed with the drawn values as
+    params; the same file (same search_seed) draws the same settings again."""
+    from fedsweep.sweep import run_sweep
+
+    drawn = []
+    for attempt in ("first", "again"):
+        (tmp_path / attempt).mkdir()
+        sweep = load_sweep(_optuna_file(tmp_path / attempt, "optuna"))
+        assert sweep.describe().startswith("an Optuna search of 8 setting(s) for each of 1 grid point(s), each on 2 seed(s)")
+        out = run_sweep(sweep, verbose=0)
+        assert out["errors"] == 0 and len(out["results"]) == 8
+        runs, tags = load_runs(out["tracking_uri"], "optuna", out["parent_run_id"])
+        assert tags[f"{TAG_PREFIX}search"] == "optuna" and len(runs) == 16
+        assert all(sorted(seeds) == [0, 1] for seeds in runs.groupby("setting")["seed"].apply(list))
+        settings = runs.groupby("setting").first()
+        assert len(settings) == 8
+        for _, run in settings.iterrows():  # every drawn value within its distribution, as logged
+            assert 0.01 <= float(run["param:algorithm.local_lr"]) <= 1.0 and 1 <= int(run["param:algorithm.local_steps"]) <= 6
+        drawn.append(sorted((int(run["trial"][0]), run["param:algorithm.local_lr"], run["param:algorithm.local_steps"])
+                            for _, run in settings.iterrows()))
+        # the study saw the mean over the seeds of the validation metric
+        metric = VAL + "personalized_accuracy_mean"
+        for result in out["results"]:
+            mine = runs[runs["trial"].apply(lambda t: t[0]) == result.config["trial"]]
+            assert result.metrics[metric] == pytest.approx(mine[metric].mean())
+    assert drawn[0] == drawn[1]
+
+
+def test_an_optuna_search_is_checked_at_the_edges_of_its_space_before_it_starts(tmp_path, monkeypatch):
+    path = _optuna_file(tmp_path, "edges")
+    body = yaml.safe_load((tmp_path / "edges.yaml").read_text())
+    body["algorithm"]["participation_rate"] = {"uniform": [0.5, 1.5]}  # r must be <= 1: its high end is refused
+    (tmp_path / "edges.yaml").write_text(yaml.safe_dump(body))
+    with pytest.raises(ConfigError, match=r"participation_rate: Input should be less than or equal to 1 .*\[at an edge of the search space"):
+        load_sweep(path, check_cluster=False)
+    body["algorithm"]["participation_rate"] = 0.5
+    body["sweep"]["scheduler"] = {"asha": {"grace_rounds": 1}}
+    (tmp_path / "edges.yaml").write_text(yaml.safe_dump(body))
+    with pytest.raises(ConfigError, match=r"sweep: scheduler: with search: 'optuna' a trial runs its seeds one after another"):
+        load_sweep(path, check_cluster=False)
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "optuna" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"search: 'optuna' needs the optuna package, which is not installed: pip install 'fedsweep\[optuna\]'"):
+        load_sweep(path, check_cluster=False)

@@ -1,0 +1,61 @@
+"""``sweep.search: optuna``: one Optuna study (through Ray Tune's ``OptunaSearch``, TPE sampler, seeded) for
+each grid point of the sweep file, each asked ``sweep.num_samples`` settings, the points taking turns.
+
+A grid point is what the file fixes (e.g. an algorithm); the study searches the fields given as
+distributions (:mod:`fedsweep.search`). Each point gets the same number of tries, so algorithms with more
+hyperparameters are not searched harder. The study is told each setting's selection metric averaged over
+``sweep.seeds`` (the trial runs them one after another). TPE's first 10 settings of a study are drawn at
+random from its seed, so they do not depend on when trials finish; later ones follow the results.
+
+Needs the ``optuna`` extra: ``pip install 'fedsweep[optuna]'``.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+from ray.tune.search import Searcher
+from ray.tune.search.optuna import OptunaSearch
+
+
+class PointwiseOptuna(Searcher):
+    """Tune searcher: one :class:`OptunaSearch` per grid point; suggests ``{"trial", "point", "drawn"}``."""
+
+    def __init__(self, spaces: list[dict[str, Any]], num_samples: int, metric: str, mode: str, seed: int):
+        super().__init__(metric=metric, mode=mode)
+        self.studies = [OptunaSearch(space=space, metric=metric, mode=mode, seed=seed + 1000 * p)
+                        for p, space in enumerate(spaces)]
+        self.num_samples = num_samples
+        self.asked = [0] * len(spaces)
+        self.owner: dict[str, int] = {}
+        self.counter = 0
+
+    def suggest(self, trial_id: str) -> dict | None:
+        waiting = [p for p, n in enumerate(self.asked) if n < self.num_samples]
+        if not waiting:
+            return Searcher.FINISHED
+        point = min(waiting, key=lambda p: (self.asked[p], p))  # the points take turns
+        drawn = self.studies[point].suggest(trial_id)
+        if drawn is None or drawn == Searcher.FINISHED:
+            return drawn
+        self.asked[point] += 1
+        self.owner[trial_id] = point
+        index, self.counter = self.counter, self.counter + 1
+        return {"trial": index, "point": point, "drawn": drawn}
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        if trial_id in self.owner:
+            self.studies[self.owner[trial_id]].on_trial_result(trial_id, result)
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        if trial_id in self.owner:
+            self.studies[self.owner.pop(trial_id)].on_trial_complete(trial_id, result, error)
+
+    def save(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "wb") as f:
+            pickle.dump(self.__dict__, f)
+
+    def restore(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "rb") as f:
+            self.__dict__.update(pickle.load(f))
