@@ -113,6 +113,20 @@ def test_a_variant_of_a_protocol_file_differs_from_it_only_where_it_says(variant
     assert second == first
 
 
+def test_the_mnist_ablation_changes_one_data_setting_at_a_time_and_runs_the_protocols_fedavg():
+    first = yaml.safe_load((ROOT / "sweeps" / "pfedme_table1_mnist.yaml").read_text())
+    ablation = yaml.safe_load((ROOT / "sweeps" / "pfedme_table1_mnist_ablation.yaml").read_text())
+    chain, standardized = ablation.pop("data")["grid"]
+    base = first.pop("data")
+    assert chain == {**base, "partition": {**base["partition"], "label_assignment": "chain"}, "input_scaling": "unit_interval"}
+    assert standardized == {**base, "partition": {**base["partition"], "label_assignment": "blocks"}, "input_scaling": "standardized"}
+    assert ablation.pop("algorithm") == first.pop("algorithm")["grid"][0]  # FedAvg, the paper's eta
+    assert ablation["sweep"].pop("table_group_by") == ["model.name", "data.input_scaling"]
+    for doc in (first, ablation):
+        doc.pop("name"), doc["tracking"].pop("experiment"), doc["sweep"].pop("name"), doc["sweep"].pop("table_group_by", None)
+    assert ablation == first
+
+
 def test_the_cpu_cut_of_the_pfl_protocol_differs_from_it_only_where_it_says():
     """sweeps/pfl_acid_cifar10_cpu_cut.yaml is the PFL CIFAR-10 protocol cut for 2 CPU cores: the same data,
     model and algorithm grid; fewer rounds, evaluations and seeds; a pool of one per trial."""

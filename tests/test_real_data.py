@@ -40,7 +40,8 @@ MD5 = {
 }
 
 PROTOCOLS = ["perfedavg_table1_mnist", "perfedavg_table1_cifar10", "perfedavg_table1_cifar10_diff_hetero",
-             "pfedme_table1_mnist", "pfedme_table1_mnist_authors_data", "pfl_acid_cifar10", "cifar_grid"]
+             "pfedme_table1_mnist", "pfedme_table1_mnist_authors_data",
+             "pfedme_table1_mnist_ablation", "pfl_acid_cifar10", "cifar_grid"]
 
 
 @pytest.fixture(scope="module", autouse=True)
