@@ -335,8 +335,8 @@ class SweepSettings(StrictModel):
                                  "scheduler would compare rounds of different seeds; allowed: one seed (seeds: [s]), "
                                  "or no scheduler")
         if self.search == "grid" and self.num_samples is not None:
-            raise ValueError("num_samples: only a random search draws samples (search: random); a grid runs each "
-                             "point once per seed")
+            raise ValueError("num_samples: only a random or Optuna search draws samples (search: random | optuna); "
+                             "a grid runs each point once per seed")
         return self
 
     @model_validator(mode="after")
@@ -941,8 +941,9 @@ def load_sweep(path: str | Path, check_cluster: bool = True) -> Sweep:
 
 def _sample(points: list[tuple[Any, dict[str, Any]]], settings: SweepSettings, problems: list[str],
             locate: Callable[[tuple], str]) -> list[tuple[Any, dict[str, Any]]]:
-    """A random search's settings: each grid point's distributions drawn ``num_samples`` times
-    (:mod:`fedsweep.search`), from a generator seeded by ``search_seed`` and the point's position."""
+    """The distributions of the grid points checked, and a random search's settings: each grid point's
+    distributions drawn ``num_samples`` times (:mod:`fedsweep.search`), from a generator seeded by
+    ``search_seed`` and the point's position. An Optuna search's points are returned as they are."""
     found = {path: node for value, _ in points for path, node in search.distributions(value)}
     for path, node in found.items():
         field = ".".join(map(str, path))
@@ -950,8 +951,8 @@ def _sample(points: list[tuple[Any, dict[str, Any]]], settings: SweepSettings, p
             problems.append(f"{locate(path)}: {field}: one value serves the whole sweep and cannot be drawn "
                             f"(sweep-wide fields: {', '.join(SWEEP_WIDE)})")
         elif settings.search == "grid":
-            problems.append(f"{locate(path)}: {field}: a distribution ({next(iter(node))}) is drawn by a random search; "
-                            "allowed: sweep.search: random with sweep.num_samples, or a grid: [values]")
+            problems.append(f"{locate(path)}: {field}: a distribution ({next(iter(node))}) is drawn by a search; "
+                            "allowed: sweep.search: random or optuna with sweep.num_samples, or a grid: [values]")
         elif problem := search.distribution_problem(node):
             problems.append(f"{locate(path)}: {field}: {problem}")
     if settings.search == "grid":

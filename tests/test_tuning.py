@@ -174,7 +174,7 @@ def test_a_random_search_draws_the_same_settings_from_the_same_file_and_validate
     body["sweep"] = {"name": "random"}
     body["algorithm"]["local_lr"] = {"uniform": [0.1, 0.5]}
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(body))
-    with pytest.raises(ConfigError, match=r"algorithm.local_lr: a distribution \(uniform\) is drawn by a random search"):
+    with pytest.raises(ConfigError, match=r"algorithm.local_lr: a distribution \(uniform\) is drawn by a search; allowed: sweep.search: random or optuna"):
         load_sweep(tmp_path / "r.yaml", check_cluster=False)
 
 
