@@ -195,6 +195,8 @@ def execute(
             if logger and rnd > logger.logged_through:
                 logger.log_round(metrics)
             if rnd in checkpoint_rounds and not metrics.get("diverged"):
+                if logger:
+                    logger.flush()  # a run resumed from this checkpoint finds every round before it in MLflow
                 on_checkpoint(metrics, runner.checkpoint(rnd))
             else:
                 on_round(metrics)

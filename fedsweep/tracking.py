@@ -22,6 +22,8 @@ PARENT_TAG = "mlflow.parentRunId"
 LEAK_TAG, LEAK_VALUE = f"{TAG_PREFIX}evaluation", "adapt_on_test_batch (leaks test data)"
 #: ``fedsweep.outcome`` of a run that a scheduler stopped before its last round (FINISHED, never a best setting).
 STOPPED_EARLY = "stopped_early"
+#: Metrics held before a write even without an evaluation round (a long evaluation interval).
+_FLUSH_AT = 900
 # Keys of a round's metrics that are not logged as MLflow metrics.
 _NOT_METRICS = {"round", "diverged"}
 
@@ -117,7 +119,8 @@ class RunLogger:
 
         self.cfg = cfg
         self.client = client(uri)
-        self.logged_through = -1  # the last round whose metrics this run holds
+        self.logged_through = -1  # the last round whose metrics this run holds (written, or held until the next flush)
+        self.pending: list = []  # metrics of rounds since the last flush
         self.history: list[dict[str, float]] = []
         if run_id is not None:  # a trial resumed from a checkpoint goes on logging into its own run
             self.run_id = run_id
@@ -151,23 +154,34 @@ class RunLogger:
         self.history = [by_round[r] for r in sorted(by_round)]
 
     def log_round(self, metrics: dict[str, float]) -> None:
+        """A round's metrics, held until the next evaluation round, which writes them all in one call (one
+        store round trip per evaluation interval instead of one per round: 10 ms a round on SQLite here);
+        :meth:`flush` writes them sooner (checkpoints), :meth:`finish` at the end and on failure."""
         from mlflow.entities import Metric
 
         step = int(metrics["round"])
         ts = int(time.time() * 1000)
-        batch = [
+        self.pending += [
             Metric(k, float(v), ts, step)
             for k, v in metrics.items()
             if k not in _NOT_METRICS and v is not None and not (isinstance(v, float) and math.isnan(v))
         ]
-        self.client.log_batch(self.run_id, metrics=batch)
         self.logged_through = step
         if "global_accuracy" in metrics:
             self.history.append(metrics)
+        if "global_accuracy" in metrics or len(self.pending) >= _FLUSH_AT:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the rounds held by :meth:`log_round`."""
+        for chunk in _batched(self.pending, 1000):  # MLflow's limit of metrics per call
+            self.client.log_batch(self.run_id, metrics=chunk)
+        self.pending = []
 
     def finish(self, client_rows: list[dict] | None, status: str = "FINISHED", outcome: str | None = None) -> None:
-        """Artifacts (per-client table, accuracy-vs-round plot), then the run's terminal status."""
+        """The rounds still held, artifacts (per-client table, accuracy-vs-round plot), then the run's terminal status."""
         try:
+            self.flush()
             if client_rows and self.cfg.tracking.log_client_table:
                 import pandas as pd
 

@@ -23,3 +23,32 @@ def test_setting_label_leaves_out_seed_and_name():
     label = setting_label({"algorithm.name": "fedavg", "algorithm.local_lr": 0.05, "seed": 3, "rounds": 10})
     assert label == "local_lr=0.05, rounds=10"
     assert setting_label({"seed": 1}) == "default"
+
+
+def test_rounds_are_written_at_evaluations_checkpoints_and_the_end_and_none_is_lost(tmp_path):
+    """A run's per-round metrics go to the store in one call per evaluation interval: held until the next
+    evaluation round (or a flush: checkpoints), the rest written by finish, also on failure."""
+    from fedsweep.config import validate
+    from fedsweep.federation import run_local
+    from fedsweep.tracking import RunLogger, client, ensure_experiment
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = validate({"data": {"dataset": "synthetic", "num_clients": 4, "max_samples_per_client": 60}, "model": {"name": "mlr"},
+                    "algorithm": {"name": "fedavg", "participation_rate": 0.5, "local_steps": 2}, "rounds": 7, "eval_every": 3})
+    history, _ = run_local(cfg)
+    c = client(uri)
+    log = RunLogger(uri, ensure_experiment(uri, "batched"), cfg, "batched")
+    stored = lambda: sorted(m.step for m in c.get_metric_history(log.run_id, "uploads"))
+    for metrics in history[:3]:  # rounds 0 (an evaluation), 1, 2
+        log.log_round(metrics)
+    assert stored() == [0] and log.logged_through == 2
+    log.log_round(history[3])  # round 3, an evaluation: rounds 1-3 in one write
+    assert stored() == [0, 1, 2, 3]
+    log.log_round(history[4])
+    log.flush()  # as execute does before saving a checkpoint
+    assert stored() == [0, 1, 2, 3, 4]
+    log.log_round(history[5])
+    log.finish(None, "FAILED", "error")  # a failure still writes what was held
+    assert stored() == [0, 1, 2, 3, 4, 5]
+    assert [m.value for m in sorted(c.get_metric_history(log.run_id, "uploads"), key=lambda m: m.step)] == \
+        [h["uploads"] for h in history[:6]]
