@@ -121,7 +121,9 @@ def check_acid(cfg: ImageConfig, clients) -> None:
     per_class_train = 5000 * 10 // (cfg.num_clients * k)
     per_class_test = 1000 * 10 // (cfg.num_clients * k)
     for i, c in enumerate(clients):
-        tr, te = _counts(c.y_train), _counts(c.y_test)
+        # a validation part (data.validation_fraction) is held out of the training images the split gave
+        held = np.concatenate([c.y_train.numpy()] + ([c.y_val.numpy()] if c.num_val else []))
+        tr, te = _counts(held), _counts(c.y_test)
         assert set(tr) == set(te) and len(tr) == k, (i, tr, te)
         assert set(tr.values()) == {per_class_train} and set(te.values()) == {per_class_test}, (i, tr, te)
 
