@@ -24,7 +24,7 @@ class PointwiseOptuna(Searcher):
 
     def __init__(self, spaces: list[dict[str, Any]], num_samples: int, metric: str, mode: str, seed: int):
         super().__init__(metric=metric, mode=mode)
-        self.studies = [OptunaSearch(space=space, metric=metric, mode=mode, seed=seed + 1000 * p)
+        self.studies = [OptunaSearch(space=space, metric=metric, mode=mode, seed=(seed + 1000 * p) % 2**32)
                         for p, space in enumerate(spaces)]
         self.num_samples = num_samples
         self.asked = [0] * len(spaces)
