@@ -865,7 +865,7 @@ def load_sweep(path: str | Path, check_cluster: bool = True) -> Sweep:
             problems.append(f"{_where(file, lines, ('seed',))}: seed: {err.errors()[0]['msg']} (got {_short(body['seed'])}); "
                             "sweep.seeds replaces it in every trial: give a valid seed or leave it out")
     for field, _ in flatten_grids(body):
-        if any(field == f or field.startswith(f + ".") for f in SWEEP_WIDE):
+        if _within(field, SWEEP_WIDE):
             problems.append(
                 f"{_where(file, lines, tuple(field.split('.')))}: {field}: one value serves the whole sweep and cannot be "
                 f"a grid (sweep-wide fields: {', '.join(SWEEP_WIDE)})"
@@ -885,15 +885,19 @@ def load_sweep(path: str | Path, check_cluster: bool = True) -> Sweep:
     if settings is not None and settings.search == "optuna":
         # the settings are drawn while the sweep runs: validate every point at the edges of its distributions
         search_points = [(value, _without_drawn(value, overrides)) for value, overrides in expanded]
-        for corner, fixed in [(c, fixed) for value, fixed in search_points for c in search.corners(value)]:
-            try:
-                validate({**corner, **({"seed": settings.seeds[0]} if settings.seeds else {})}, file, lines)
-            except ConfigError as e:
-                problems += [f"{p} [at an edge of the search space of {overrides_label(fixed)}]" for p in e.problems
-                             if f"{p} [at an edge of the search space of {overrides_label(fixed)}]" not in problems]
+        expanded = []
+        for value, fixed in search_points:
+            edges = search.corners(value)
+            for corner in edges:
+                try:
+                    validate({**corner, **({"seed": settings.seeds[0]} if settings.seeds else {})}, file, lines)
+                except ConfigError as e:
+                    for p in e.problems:
+                        if (line := f"{p} [at an edge of the search space of {overrides_label(fixed)}]") not in problems:
+                            problems.append(line)
+            expanded.append((edges[0], fixed))  # the point's stand-in trial: every distribution at its low end
         if problems:
             raise ConfigError(problems)
-        expanded = [(search.corners(value)[0], fixed) for value, fixed in search_points]
     seeds = settings.seeds if settings and settings.seeds else [None]
     trials: list[Trial] = []
     failing: dict[str, list[str]] = {}  # problem -> labels of the grid points that have it
@@ -947,7 +951,7 @@ def _sample(points: list[tuple[Any, dict[str, Any]]], settings: SweepSettings, p
     found = {path: node for value, _ in points for path, node in search.distributions(value)}
     for path, node in found.items():
         field = ".".join(map(str, path))
-        if any(field == f or field.startswith(f + ".") for f in SWEEP_WIDE):
+        if _within(field, SWEEP_WIDE):
             problems.append(f"{locate(path)}: {field}: one value serves the whole sweep and cannot be drawn "
                             f"(sweep-wide fields: {', '.join(SWEEP_WIDE)})")
         elif settings.search == "grid":
@@ -986,7 +990,13 @@ def _without_drawn(value: Any, overrides: dict[str, Any]) -> dict[str, Any]:
     """A grid point's overrides without the leaves of its distributions (a grid point that chose a mapping
     lists its leaves; a distribution among them is a drawn value instead)."""
     drawn_at = tuple(".".join(map(str, path)) for path, _ in search.distributions(value))
-    return {k: v for k, v in overrides.items() if not any(k == d or k.startswith(d + ".") for d in drawn_at)}
+    return {k: v for k, v in overrides.items() if not _within(k, drawn_at)}
+
+
+def _within(field: str, roots: tuple[str, ...]) -> bool:
+    """Whether the dotted ``field`` is one of ``roots`` or a field inside one (``resources.ray_address``
+    inside ``resources``; not ``resources_x``)."""
+    return any(field == root or field.startswith(root + ".") for root in roots)
 
 
 def format_value(v: Any) -> str:

@@ -144,11 +144,10 @@ def corners(value: Any) -> list[Any]:
     found = distributions(value)
     if not found:
         return [value]
-    ends = []
-    for pick in (0, -1):
-        ends.append({f"d{i}": (0 if pick == 0 else len(next(iter(n.values()))) - 1)
-                     if "choice" in n else next(iter(n.values()))[pick] for i, (_, n) in enumerate(found)})
+    lows, highs = {}, {}
     for i, (_, node) in enumerate(found):
-        if "choice" in node:
-            ends += [{**ends[0], f"d{i}": j} for j in range(len(node["choice"]))]
-    return [substitute(value, d)[0] for d in ends]
+        (kind, args), = node.items()
+        # in substitute's terms: a choice is drawn as the index of its value
+        lows[f"d{i}"], highs[f"d{i}"] = (0, len(args) - 1) if kind == "choice" else (args[0], args[1])
+    choices = [{**lows, f"d{i}": j} for i, (_, node) in enumerate(found) if "choice" in node for j in range(len(node["choice"]))]
+    return [substitute(value, d)[0] for d in [lows, highs, *choices]]

@@ -40,6 +40,14 @@ def _git_sha() -> str:
 SWEEP_STATE = "fedsweep_sweep.json"
 
 
+def _trial_runs(mlflow, tracking: dict[str, str], trial_id: str, also: str = ""):
+    """The MLflow runs of Tune trial ``trial_id`` under this sweep's parent run (``also``: more of the filter)."""
+    return mlflow.search_runs(
+        [tracking["experiment_id"]],
+        filter_string=f"tags.`ray.trial_id` = '{trial_id}' and tags.`mlflow.parentRunId` = '{tracking['parent_run_id']}'{also}",
+    )
+
+
 def _earlier_attempts(tracking: dict[str, str], trial_id: str, seed: int, keep: str | None = None):
     """Before a trial's experiment on ``seed`` (re)starts, its earlier MLflow runs under this sweep: one that
     finished (or diverged, or was stopped early) is returned, so it is not rerun — Tune may not have recorded
@@ -47,11 +55,7 @@ def _earlier_attempts(tracking: dict[str, str], trial_id: str, seed: int, keep: 
     KILLED and deleted, so that the sweep ends with exactly one run per trial and seed; ``keep`` (the run a
     checkpoint continues) stays."""
     mlflow = client(tracking["uri"])
-    earlier = mlflow.search_runs(
-        [tracking["experiment_id"]],
-        filter_string=f"tags.`ray.trial_id` = '{trial_id}' and tags.`mlflow.parentRunId` = '{tracking['parent_run_id']}' "
-        f"and tags.`{TAG_PREFIX}seed` = '{seed}'",
-    )
+    earlier = _trial_runs(mlflow, tracking, trial_id, f" and tags.`{TAG_PREFIX}seed` = '{seed}'")
     done = None
     for run in earlier:
         if run.data.tags.get(f"{TAG_PREFIX}outcome") in ("finished", "diverged", STOPPED_EARLY) and done is None:
@@ -213,10 +217,7 @@ def _mark_stopped_early(results, rounds: Callable[[dict], int], tracking: dict[s
             continue  # (a trial that had finished before a resume reports its MLflow metrics, without a round)
         if int(m["round"]) >= rounds(result.config):
             continue
-        for run in mlflow.search_runs(
-            [tracking["experiment_id"]],
-            filter_string=f"tags.`ray.trial_id` = '{m['trial_id']}' and tags.`mlflow.parentRunId` = '{tracking['parent_run_id']}'",
-        ):
+        for run in _trial_runs(mlflow, tracking, m["trial_id"]):
             if run.data.tags.get(f"{TAG_PREFIX}outcome") in ("finished", "diverged"):
                 continue  # an Optuna trial's earlier seeds, which ran to the end
             mlflow.set_tag(run.info.run_id, f"{TAG_PREFIX}outcome", STOPPED_EARLY)

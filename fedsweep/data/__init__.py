@@ -32,6 +32,14 @@ _SMALLER_SPLIT_FIX = {
 }
 
 
+#: ``data.validation_fraction`` of every dataset: what :func:`build_federated_dataset` holds out.
+ValidationFraction = Annotated[float, Field(
+    ge=0, lt=1,
+    description="Share of each client's training data held out as its validation part (stratified by label, "
+    "seeded by the data seed), scored as val_* metrics at every evaluation; 0 = none.",
+)]
+
+
 def _pool_too_small(dataset: str, num_clients: int) -> str | None:
     pool = POOL_SIZES[dataset]
     if num_clients > pool // 2:
@@ -144,11 +152,7 @@ class SyntheticConfig(StrictModel):
         1, ge=1, description="Device size = (⌊LogNormal(4, 2)⌋ + min_samples_per_client) × this; pFedMe's generator uses 5."
     )
     test_fraction: float = Field(0.25, gt=0, lt=1)
-    validation_fraction: float = Field(
-        0.0, ge=0, lt=1,
-        description="Share of each client's training data held out as its validation part (stratified by label, "
-        "seeded by the data seed), scored as val_* metrics at every evaluation; 0 = none.",
-    )
+    validation_fraction: ValidationFraction = 0.0
     seed: int = Field(0, ge=0, description="Seed of the data itself; fixed across the experiment's seeds.")
 
     @model_validator(mode="after")
@@ -171,11 +175,7 @@ class DigitsConfig(StrictModel):
     num_clients: int = Field(10, ge=1, le=MAX_CLIENTS)
     partition: PartitionConfig = Field(default_factory=LabelSkewPartition)
     test_fraction: float = Field(0.25, gt=0, lt=1)
-    validation_fraction: float = Field(
-        0.0, ge=0, lt=1,
-        description="Share of each client's training data held out as its validation part (stratified by label, "
-        "seeded by the data seed), scored as val_* metrics at every evaluation; 0 = none.",
-    )
+    validation_fraction: ValidationFraction = 0.0
     seed: int = Field(0, ge=0, description="Seed of the split; fixed across the experiment's seeds.")
 
     @model_validator(mode="after")
@@ -207,11 +207,7 @@ class ImageConfig(StrictModel):
     num_clients: int = Field(50, ge=1, le=MAX_CLIENTS)
     partition: ImagePartitionConfig = Field(default_factory=IIDPartition)
     test_fraction: float = Field(0.25, gt=0, lt=1)
-    validation_fraction: float = Field(
-        0.0, ge=0, lt=1,
-        description="Share of each client's training data held out as its validation part (stratified by label, "
-        "seeded by the data seed), scored as val_* metrics at every evaluation; 0 = none.",
-    )
+    validation_fraction: ValidationFraction = 0.0
     seed: int = Field(0, ge=0, description="Seed of the split; fixed across the experiment's seeds.")
     input_scaling: Literal["unit_interval", "standardized"] = Field(
         "unit_interval",
@@ -351,15 +347,15 @@ def build_federated_dataset(cfg: SyntheticConfig | DigitsConfig | ImageConfig) -
     ds = _build(cfg)
     if cfg.validation_fraction > 0:
         rng = np.random.default_rng([cfg.seed, 3])  # a stream of its own: the shards are those of fraction 0
-        ds.clients = [_hold_out(c, i, cfg, rng) for i, c in enumerate(ds.clients)]
+        ds.clients = [_hold_out(c, i, cfg.validation_fraction, rng) for i, c in enumerate(ds.clients)]
     return ds
 
 
-def _hold_out(c: ClientData, index: int, cfg: SyntheticConfig | DigitsConfig | ImageConfig, rng: np.random.Generator) -> ClientData:
+def _hold_out(c: ClientData, index: int, fraction: float, rng: np.random.Generator) -> ClientData:
     if c.num_train < 2:
         raise ValueError(f"data.validation_fraction: client {index} has {c.num_train} training sample(s), too few to hold "
                          "any out (it needs 2: one to train on, one to validate); allowed: 0, or fewer clients")
-    keep, val = partitions.validation_split(c.y_train.numpy(), cfg.validation_fraction, rng)
+    keep, val = partitions.validation_split(c.y_train.numpy(), fraction, rng)
     keep_t, val_t = torch.from_numpy(keep), torch.from_numpy(val)
     return ClientData(c.x_train[keep_t], c.y_train[keep_t], c.x_test, c.y_test, c.x_train[val_t], c.y_train[val_t])
 
