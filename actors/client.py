@@ -134,6 +134,10 @@ class ClientActor:
     def info(self) -> list[dict]:
         return hosted_info(self.clients)
 
+    def placement(self) -> dict:
+        """This process: its node, pid and the requests its socket answered (``ServerActor.placement``)."""
+        return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(), "socket_requests": self.channel_served()}
+
 
 def hosted_info(clients: dict[int, Client]) -> list[dict]:
     """Where each client of this process runs: pid, torch device, the GPUs Ray assigned and CUDA_VISIBLE_DEVICES."""

@@ -5,6 +5,7 @@ clients each, in the trial's placement group) their shards, and runs rounds: sam
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -149,6 +150,10 @@ class RayPool:
     def close(self) -> None:
         """Called when the ServerActor replaces this pool (a warm actor's next experiment)."""
 
+    def channel_of(self, a: int) -> str:
+        """How the rounds reach ClientActor ``a``: ``ray`` (actor calls) or ``socket`` (:mod:`actors.channel`)."""
+        return "ray"
+
     def states(self, client_ids: list[int]) -> list:
         groups = self._by_actor(client_ids)
         replies = ray.get([self.actors[a].get_states.remote(ids, self.experiment) for a, ids in groups.items()])
@@ -236,6 +241,9 @@ class WorkerPool(RayPool):
     def close(self) -> None:
         for a in list(self.links):
             self._drop_link(a)
+
+    def channel_of(self, a: int) -> str:
+        return "ray" if self.links.get(a) is None else "socket"
 
     def _parts(self, client_ids: list[int]) -> tuple[list[list[int]], list[int]]:
         """(the part of each ClientActor, the ServerActor's part)."""
@@ -373,6 +381,20 @@ class ServerActor:
 
     def client_table(self) -> list[dict]:
         return [e.row() for e in self.server.last_evals]
+
+    def placement(self) -> list[dict]:
+        """Where this experiment runs: a row for this actor and for each ClientActor (its node, process, clients,
+        and how the rounds reach it: ``ray`` calls or the ``socket``, with the requests answered through it)."""
+        here = {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
+        local = sorted(self.pool.local) if isinstance(self.pool, WorkerPool) else []
+        rows = [{"process": "server", **here, "clients": local, "channel": None}]
+        for a, actor in enumerate(self.actors):
+            try:
+                where = ray.get(actor.placement.remote(), timeout=60)
+            except (ray.exceptions.RayError, TimeoutError) as e:
+                where = {"node_id": None, "pid": None, "socket_requests": None, "error": type(e).__name__}
+            rows.append({"process": f"client_actor_{a}", **where, "clients": self.hosts[a], "channel": self.pool.channel_of(a)})
+        return rows
 
     def global_params(self):
         return self.server.params.numpy()

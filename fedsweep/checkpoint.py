@@ -1,23 +1,25 @@
-"""Round checkpoints on disk: arrays in one ``.npz`` (read with ``allow_pickle=False``), everything else in
-JSON. Nothing is unpickled, so a checkpoint folder can come from shared storage without running code."""
+"""Round checkpoints in a sweep's storage (a local or shared folder, or an object store: :mod:`fedsweep.storage`):
+arrays in one ``.npz`` (read with ``allow_pickle=False``), everything else in JSON. Nothing is unpickled, so a
+checkpoint can come from shared storage without running code."""
 
 from __future__ import annotations
 
+import io
 import json
-import os
-import shutil
-from pathlib import Path
+import posixpath
 from typing import Any
 
 import numpy as np
+
+from fedsweep.storage import Storage
 
 ARRAYS, META = "arrays.npz", "checkpoint.json"
 _SEP = "|"
 
 
-def save(checkpoint: dict, folder: str | Path, extra: dict[str, Any] | None = None) -> None:
-    """Write :meth:`fedsweep.federation.Server.checkpoint`'s output (plus JSON-able ``extra``) to ``folder``."""
-    folder = Path(folder)
+def save(checkpoint: dict, storage: Storage, folder: str, extra: dict[str, Any] | None = None) -> None:
+    """Write :meth:`fedsweep.federation.Server.checkpoint`'s output (plus JSON-able ``extra``) to ``folder`` of
+    ``storage``: the arrays first, the JSON last, so that a folder with its JSON is complete."""
     arrays = {"params": checkpoint["params"]}
     arrays.update({f"server{_SEP}{k}": v for k, v in checkpoint["server_state"].items()})
     times_trained = {}
@@ -25,19 +27,20 @@ def save(checkpoint: dict, folder: str | Path, extra: dict[str, Any] | None = No
         times_trained[str(cid)] = times
         for k, v in (state or {}).items():
             arrays[f"client{_SEP}{cid}{_SEP}{k}"] = v
-    np.savez(folder / ARRAYS, **arrays)
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    storage.write_bytes(posixpath.join(folder, ARRAYS), buffer.getvalue())
     meta = {key: checkpoint[key] for key in ("round", "uploads", "downloads")}
     meta["times_trained"] = times_trained
-    (folder / META).write_text(json.dumps({**meta, "extra": extra or {}}))
+    storage.write_bytes(posixpath.join(folder, META), json.dumps({**meta, "extra": extra or {}}).encode())
 
 
-def load(folder: str | Path) -> tuple[dict, dict[str, Any]]:
+def load(storage: Storage, folder: str) -> tuple[dict, dict[str, Any]]:
     """The checkpoint dict and the ``extra`` saved with it."""
-    folder = Path(folder)
-    meta = json.loads((folder / META).read_text())
+    meta = json.loads(storage.read_bytes(posixpath.join(folder, META)))
     server_state: dict[str, np.ndarray] = {}
     clients: dict[int, dict[str, np.ndarray]] = {}
-    with np.load(folder / ARRAYS, allow_pickle=False) as z:
+    with np.load(io.BytesIO(storage.read_bytes(posixpath.join(folder, ARRAYS))), allow_pickle=False) as z:
         params = z["params"]
         for key in z.files:
             parts = key.split(_SEP)
@@ -56,25 +59,20 @@ def load(folder: str | Path) -> tuple[dict, dict[str, Any]]:
     return checkpoint, meta["extra"]
 
 
-def save_latest(checkpoint: dict, trial_dir: str | Path, extra: dict[str, Any] | None = None) -> Path:
-    """Write ``round_NNNNNN`` under ``trial_dir`` atomically (a hidden folder renamed into place), then
-    remove older rounds: whenever the process dies, the newest complete checkpoint is on disk."""
-    trial_dir = Path(trial_dir)
-    trial_dir.mkdir(parents=True, exist_ok=True)
-    final = trial_dir / f"round_{checkpoint['round']:06d}"
-    partial = trial_dir / f".{final.name}.{os.getpid()}"
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir()
-    save(checkpoint, partial, extra)
-    shutil.rmtree(final, ignore_errors=True)
-    partial.rename(final)
-    for older in trial_dir.glob("round_*"):
-        if older.name < final.name:
-            shutil.rmtree(older, ignore_errors=True)
+def save_latest(checkpoint: dict, storage: Storage, trial_dir: str, extra: dict[str, Any] | None = None) -> str:
+    """Write ``round_NNNNNN`` under ``trial_dir``, then remove older rounds: whenever the process dies, the
+    newest complete checkpoint (one with its JSON) is in the storage."""
+    final = posixpath.join(trial_dir, f"round_{checkpoint['round']:06d}")
+    save(checkpoint, storage, final, extra)
+    for older in storage.folders(trial_dir, "round_"):
+        if older < posixpath.basename(final):
+            storage.remove_folder(posixpath.join(trial_dir, older))
     return final
 
 
-def load_latest(trial_dir: str | Path) -> tuple[dict, dict[str, Any]] | None:
-    """The newest checkpoint :func:`save_latest` wrote under ``trial_dir``, or None."""
-    rounds = sorted(Path(trial_dir).glob("round_*")) if Path(trial_dir).is_dir() else []
-    return load(rounds[-1]) if rounds else None
+def load_latest(storage: Storage, trial_dir: str) -> tuple[dict, dict[str, Any]] | None:
+    """The newest complete checkpoint :func:`save_latest` wrote under ``trial_dir``, or None."""
+    for name in reversed(storage.folders(trial_dir, "round_")):
+        if storage.is_file(posixpath.join(trial_dir, name, META)):
+            return load(storage, posixpath.join(trial_dir, name))
+    return None

@@ -95,6 +95,13 @@ class ResourcesConfig(StrictModel):
         "their stacked parameters) instead of one after the other; same samples, same numbers up to "
         "floating-point summation order. Not for the proto transform (pavg, pfldyn/pflscaf with transform: proto).",
     )
+    placement_strategy: Literal["pack", "spread"] = Field(
+        "pack",
+        description="How a trial's bundles (server, ClientActors) are placed on a multi-node cluster: 'pack' = on "
+        "as few nodes as fit them (actors of one node talk over sockets or shared memory), 'spread' = over as many "
+        "nodes as possible (more memory and network bandwidth per actor). Both are Ray's soft strategies: a trial "
+        "starts as long as its bundles fit the cluster somehow. Same numbers either way.",
+    )
     cluster_cpus: int | None = Field(
         None, ge=1, description="CPUs of the local Ray instance to start (whole CPUs); null = all cores of this machine."
     )

@@ -31,13 +31,27 @@ def connect_ray(resources: ResourcesConfig) -> None:
 def check_cluster(configs: list[ExperimentConfig], where: str) -> None:
     """After connecting and before any MLflow run: every trial's placement group must fit the cluster."""
     total = ray.cluster_resources()
+    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
     problems: list[str] = []
     for cfg in configs:
-        for p in check_fits(cfg, total.get("CPU", 0.0), total.get("GPU", 0.0), None, where):
+        for p in check_fits(cfg, total.get("CPU", 0.0), total.get("GPU", 0.0), None, where) + _bundle_problems(cfg, nodes, where):
             if p not in problems:
                 problems.append(p)
     if problems:
         raise ConfigError(problems)
+
+
+def _bundle_problems(cfg: ExperimentConfig, nodes: list[dict[str, float]], where: str) -> list[str]:
+    """On a cluster of several nodes, a bundle larger than every node would wait forever, though the sum fits."""
+    problems = []
+    server, *clients = cfg.resources.bundles(cfg.num_clients)
+    for holder, bundle in (("server", server), ("client", clients[0] if clients else {})):
+        for kind in bundle:
+            largest = max((n.get(kind, 0.0) for n in nodes), default=0.0)
+            if bundle[kind] > largest + 1e-9:
+                problems.append(f"{where}: resources.{holder}_{kind.lower()}s: a bundle of {bundle[kind]:g} {kind} fits on no node of this "
+                                f"cluster (the largest has {largest:g}); allowed: <= {largest:g}")
+    return problems
 
 
 # Inside a Tune trial: the ServerActor (and its ClientActors) the last trial of this process finished
@@ -74,7 +88,7 @@ class ExperimentRunner:
     def start(self) -> None:
         cfg = self.cfg
         if self.own_pg:
-            self.pg = placement_group(cfg.resources.bundles(cfg.num_clients), strategy="PACK")
+            self.pg = placement_group(cfg.resources.bundles(cfg.num_clients), strategy=cfg.resources.placement_strategy.upper())
             try:
                 ray.get(self.pg.ready(), timeout=self.start_timeout_s)
             except ray.exceptions.GetTimeoutError:
@@ -146,6 +160,9 @@ class ExperimentRunner:
     def client_table(self) -> list[dict]:
         return ray.get(self.server.client_table.remote())
 
+    def placement(self) -> list[dict]:
+        return ray.get(self.server.placement.remote())
+
     def _kill(self) -> None:
         for actor in [self.server, *self.client_actors]:
             if actor is not None:
@@ -202,8 +219,9 @@ def execute(
                 on_round(metrics)
         diverged = bool(history and history[-1].get("diverged"))
         if logger:
+            rows, placement = runner.client_table(), runner.placement()  # a failure here ends the run FAILED below
             finished = True
-            logger.finish(runner.client_table(), "FAILED" if diverged else "FINISHED", "diverged" if diverged else None)
+            logger.finish(rows, "FAILED" if diverged else "FINISHED", "diverged" if diverged else None, placement)
         ended_cleanly = True
         return history
     except SystemExit:

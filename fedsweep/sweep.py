@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
+import posixpath
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import ray
@@ -17,6 +17,7 @@ from fedsweep import checkpoint as checkpoint_files
 from fedsweep import search
 from fedsweep.config import ConfigError, ExperimentConfig, Sweep
 from fedsweep.experiment import check_cluster, connect_ray, execute
+from fedsweep.storage import Storage
 from fedsweep.tracking import (
     STOPPED_EARLY,
     TAG_PREFIX,
@@ -68,13 +69,14 @@ def _earlier_attempts(tracking: dict[str, str], trial_id: str, seed: int, keep: 
 
 
 def _experiment(cfg: ExperimentConfig, overrides: dict, index: int, tracking: dict[str, str], checkpoint_every: int,
-                trial_dir: Path | None, to_tune: Callable[[dict[str, float]], None]) -> dict[str, float]:
+                checkpoints: tuple[Storage, str] | None, to_tune: Callable[[dict[str, float]], None]) -> dict[str, float]:
     """One experiment of a trial, its own MLflow run, each evaluation round passed to ``to_tune``; returns its
-    last evaluation's metrics. Every ``checkpoint_every`` rounds it saves a checkpoint in ``trial_dir`` (kept
-    by fedsweep, not Tune, so that what is on disk never depends on when Tune last saved its own state); an
-    experiment that starts again (resume, retry) goes on from the newest one."""
+    last evaluation's metrics. Every ``checkpoint_every`` rounds it saves a checkpoint in ``checkpoints`` (the
+    sweep's storage and this experiment's folder there; kept by fedsweep, not Tune, so that what is stored never
+    depends on when Tune last saved its own state); an experiment that starts again (resume, retry, on any node)
+    goes on from the newest one."""
     ctx = tune.get_context()
-    saved = checkpoint_files.load_latest(trial_dir) if trial_dir else None
+    saved = checkpoint_files.load_latest(*checkpoints) if checkpoints else None
     resume, run_id = saved[0] if saved else None, saved[1]["run_id"] if saved else None
     done = _earlier_attempts(tracking, ctx.get_trial_id(), cfg.seed, keep=run_id)
     if done is not None:  # finished before an interruption: its final metrics, not a rerun
@@ -108,26 +110,30 @@ def _experiment(cfg: ExperimentConfig, overrides: dict, index: int, tracking: di
             to_tune(dict(last))
 
     def save_and_report(metrics: dict[str, float], checkpoint: dict) -> None:
-        checkpoint_files.save_latest(checkpoint, trial_dir, {"run_id": logger.run_id})
+        checkpoint_files.save_latest(checkpoint, *checkpoints, {"run_id": logger.run_id})
         report(metrics)
 
     execute(cfg, logger, report, trial_placement_group=ray.util.get_current_placement_group(),
-            checkpoint_every=checkpoint_every if trial_dir else 0, on_checkpoint=save_and_report, resume=resume)
+            checkpoint_every=checkpoint_every if checkpoints else 0, on_checkpoint=save_and_report, resume=resume)
     return last
 
 
 def _trial(config: dict[str, Any], configs: list[ExperimentConfig], overrides: list[dict], tracking: dict[str, str],
-           checkpoint_every: int = 0, checkpoint_root: str | None = None) -> None:
+           checkpoint_every: int = 0, checkpoint_root: tuple[Storage, str] | None = None) -> None:
     """Tune function trainable of a grid or random search: one experiment, reported to Tune at every
-    evaluation round, checkpointed under ``checkpoint_root/trial_NNNN``."""
+    evaluation round, checkpointed under ``checkpoint_root`` (a storage and a folder there) ``/trial_NNNN``."""
     index = config["trial"]
-    trial_dir = Path(checkpoint_root) / f"trial_{index:04d}" if checkpoint_root else None
-    _experiment(configs[index], overrides[index], index, tracking, checkpoint_every, trial_dir,
+    _experiment(configs[index], overrides[index], index, tracking, checkpoint_every, _under(checkpoint_root, f"trial_{index:04d}"),
                 lambda metrics: tune.report(metrics))
 
 
+def _under(folder: tuple[Storage, str] | None, *parts: str) -> tuple[Storage, str] | None:
+    return (folder[0], posixpath.join(folder[1], *parts)) if folder else None
+
+
 def _setting_trial(config: dict[str, Any], points: list[tuple[Any, dict]], seeds: list[int | None], metric: str,
-                   tracking: dict[str, str], file: str, checkpoint_every: int = 0, checkpoint_root: str | None = None) -> None:
+                   tracking: dict[str, str], file: str, checkpoint_every: int = 0,
+                   checkpoint_root: tuple[Storage, str] | None = None) -> None:
     """Tune function trainable of an Optuna search: the drawn setting on every seed, one after another, each its
     own MLflow run. Each report carries the seed's metrics, and as ``metric`` the mean over the seeds so far
     (the finished ones' last value and the running one's current value): the study is told the mean over
@@ -136,7 +142,7 @@ def _setting_trial(config: dict[str, Any], points: list[tuple[Any, dict]], seeds
     cfgs, overrides = setting_configs(config, points, seeds, file)
     finals: list[float] = []
     for cfg in cfgs:
-        trial_dir = Path(checkpoint_root) / f"trial_{index:04d}" / f"seed_{cfg.seed}" if checkpoint_root else None
+        trial_dir = _under(checkpoint_root, f"trial_{index:04d}", f"seed_{cfg.seed}")
 
         def to_tune(metrics: dict[str, float], seed: int = cfg.seed) -> None:
             if metric in metrics:
@@ -237,23 +243,32 @@ def _scheduler(settings, configs: list[ExperimentConfig]):
                          max_t=max(c.rounds for c in configs))
 
 
-def _storage(sweep: Sweep) -> str:
-    storage = sweep.settings.storage_path
-    return storage if "://" in storage else str(Path(storage).resolve())
+def open_storage(sweep: Sweep) -> Storage:
+    """The sweep's storage, its folder created; a ConfigError naming ``sweep.storage_path`` when it cannot be
+    reached (no such bucket, no credentials, no server), before any cluster work."""
+    try:
+        storage = Storage(sweep.settings.storage_path)
+        storage.ensure()
+    except (OSError, ValueError) as e:
+        raise ConfigError([f"{sweep.path}: sweep.storage_path: {sweep.settings.storage_path!r} cannot be used: {e}"]) from None
+    return storage
 
 
-def find_resumable(sweep: Sweep) -> tuple[Path, dict]:
-    """The newest Tune experiment folder of this sweep (same name, same file contents) that Tune can
-    restore, with its saved state; a ConfigError naming ``sweep.storage_path`` when there is none."""
-    storage = Path(_storage(sweep))
-    candidates = sorted(storage.glob(f"{sweep.settings.name}-*/{SWEEP_STATE}"), key=lambda f: f.stat().st_mtime, reverse=True)
+def find_resumable(sweep: Sweep, storage: Storage) -> tuple[str, dict]:
+    """The newest Tune experiment folder of this sweep (same name, same file contents) in ``storage`` that Tune
+    can restore, with its saved state; a ConfigError naming ``sweep.storage_path`` when there is none. It reads
+    the storage only: a driver on another machine than the interrupted one finds it the same way."""
+    states = [storage.path(folder, SWEEP_STATE) for folder in storage.folders(storage.root, f"{sweep.settings.name}-")]
+    candidates = sorted((f for f in states if storage.is_file(f)), key=storage.mtime, reverse=True)
     for state_file in candidates:
-        state = json.loads(state_file.read_text())
-        if state.get("yaml_sha1") == sweep.source_hash() and tune.Tuner.can_restore(state_file.parent):
-            return state_file.parent, state
+        state = json.loads(storage.read_bytes(state_file))
+        folder = posixpath.dirname(state_file)
+        if state.get("yaml_sha1") == sweep.source_hash() and tune.Tuner.can_restore(
+                folder, storage_filesystem=storage.tune_location()[1]):
+            return folder, state
     raise ConfigError([
         f"{sweep.path}: sweep.storage_path: nothing to resume — no restorable Tune experiment of sweep "
-        f"'{sweep.settings.name}' with this file's contents under {storage}"
+        f"'{sweep.settings.name}' with this file's contents under {storage.location}"
         + (f" (found {len(candidates)} of other contents or unrestorable)" if candidates else "")
     ])
 
@@ -269,7 +284,8 @@ def run_sweep(sweep: Sweep, verbose: int = 1, resume: bool = False) -> dict[str,
 
     configs = [t.config for t in sweep.trials]
     first = configs[0]
-    restore_from = find_resumable(sweep) if resume else None  # before any cluster work
+    storage = open_storage(sweep)  # before any cluster work
+    restore_from = find_resumable(sweep, storage) if resume else None
     connect_ray(first.resources)
     check_cluster(configs, sweep.path)
 
@@ -283,7 +299,7 @@ def run_sweep(sweep: Sweep, verbose: int = 1, resume: bool = False) -> dict[str,
         mlflow.update_run(parent, status="RUNNING")
     else:
         name = f"{settings.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-        experiment_dir = Path(_storage(sweep)) / name if "://" not in _storage(sweep) else None
+        experiment_dir = storage.path(name)
         parent = mlflow.create_run(
             experiment_id,
             run_name=settings.name,
@@ -303,7 +319,7 @@ def run_sweep(sweep: Sweep, verbose: int = 1, resume: bool = False) -> dict[str,
             },
         ).info.run_id
     tracking = {"uri": uri, "experiment_id": experiment_id, "parent_run_id": parent}
-    checkpoint_root = str(experiment_dir / "fedsweep_checkpoints") if experiment_dir else None
+    checkpoint_root = (storage, posixpath.join(experiment_dir, "fedsweep_checkpoints"))
     if sweep.points is None:  # grid or random search: the trials are known; Tune runs them by index
         trainable = tune.with_parameters(
             _trial, configs=configs, overrides=[t.overrides for t in sweep.trials], tracking=tracking,
@@ -333,11 +349,13 @@ def run_sweep(sweep: Sweep, verbose: int = 1, resume: bool = False) -> dict[str,
         search_config = {"search_alg": study, "num_samples": total}
     trainable = tune.with_resources(
         trainable,
-        lambda spec: PlacementGroupFactory(placed(spec).resources.bundles(placed(spec).num_clients), strategy="PACK"),
+        lambda spec: PlacementGroupFactory(placed(spec).resources.bundles(placed(spec).num_clients),
+                                           strategy=placed(spec).resources.placement_strategy.upper()),
     )
     callbacks = [_Progress(total)] if verbose else []
     if restore_from is not None:
-        tuner = tune.Tuner.restore(str(experiment_dir), trainable, resume_unfinished=True, restart_errored=True)
+        tuner = tune.Tuner.restore(experiment_dir, trainable, resume_unfinished=True, restart_errored=True,
+                                   storage_filesystem=storage.tune_location()[1])
     else:
         mlflow.log_text(parent, sweep.source, "sweep.yaml")
         tuner = tune.Tuner(
@@ -361,16 +379,15 @@ def run_sweep(sweep: Sweep, verbose: int = 1, resume: bool = False) -> dict[str,
             ),
             run_config=tune.RunConfig(
                 name=name,
-                storage_path=_storage(sweep),
+                storage_path=storage.tune_location()[0],
+                storage_filesystem=storage.tune_location()[1],
                 verbose=verbose,
                 failure_config=tune.FailureConfig(max_failures=settings.trial_retries),
                 callbacks=callbacks,
             ),
         )
-        if experiment_dir is not None:
-            experiment_dir.mkdir(parents=True, exist_ok=True)
-            state = {"parent_run_id": parent, "yaml_sha1": sweep.source_hash(), "source_file": sweep.path}
-            (experiment_dir / SWEEP_STATE).write_text(json.dumps(state, indent=1))
+        state = {"parent_run_id": parent, "yaml_sha1": sweep.source_hash(), "source_file": sweep.path}
+        storage.write_bytes(posixpath.join(experiment_dir, SWEEP_STATE), json.dumps(state, indent=1).encode())
     status = "FAILED"
     try:
         results = tuner.fit()

@@ -178,10 +178,17 @@ class RunLogger:
             self.client.log_batch(self.run_id, metrics=chunk)
         self.pending = []
 
-    def finish(self, client_rows: list[dict] | None, status: str = "FINISHED", outcome: str | None = None) -> None:
-        """The rounds still held, artifacts (per-client table, accuracy-vs-round plot), then the run's terminal status."""
+    def finish(self, client_rows: list[dict] | None, status: str = "FINISHED", outcome: str | None = None,
+               placement: list[dict] | None = None) -> None:
+        """The rounds still held, artifacts (per-client table, accuracy-vs-round plot, ``placement.json``: where
+        the processes ran, ``ServerActor.placement``, with the number of nodes as the tag ``fedsweep.nodes``),
+        then the run's terminal status."""
         try:
             self.flush()
+            if placement:
+                self.client.log_dict(self.run_id, placement, "placement.json")
+                nodes = {row["node_id"] for row in placement if row["node_id"]}
+                self.client.set_tag(self.run_id, f"{TAG_PREFIX}nodes", str(len(nodes)))
             if client_rows and self.cfg.tracking.log_client_table:
                 import pandas as pd
 

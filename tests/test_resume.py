@@ -59,17 +59,41 @@ def _alive_in_session(p: psutil.Process, session_id: int) -> bool:
         return False
 
 
-def test_killed_sweep_resumes_without_rerunning_or_duplicating(tmp_path):
+@pytest.fixture
+def s3_server():
+    """A local S3-compatible server (moto's, in this process) on 127.0.0.1, and the environment a client of it
+    needs (credentials of moto's choosing: it accepts any)."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}", {"AWS_ACCESS_KEY_ID": "fedsweep", "AWS_SECRET_ACCESS_KEY": "fedsweep",
+                                    "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
+    server.stop()
+
+
+@pytest.mark.parametrize("storage", ["folder", "s3"])
+def test_killed_sweep_resumes_without_rerunning_or_duplicating(tmp_path, storage, request, monkeypatch):
+    """``folder``: ``sweep.storage_path`` a local folder (a shared filesystem on a cluster). ``s3``: a bucket of a
+    local S3-compatible server; the resuming driver runs in another folder with another home, as on a driver
+    node that replaced the lost one: all it finds of the sweep is in the bucket and in MLflow."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     body = config_dict(
         algorithm={"local_lr": {"grid": [0.1, 0.05, 0.02]}, "local_steps": 150}, rounds=6, eval_every=2,
         resources={"cluster_cpus": 2, "client_workers": 1}, tracking={"experiment": "resume", "tracking_uri": uri},
     )
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_RUN_ID")}
+    if storage == "s3":
+        endpoint, credentials = request.getfixturevalue("s3_server")
+        env |= credentials
+        storage_path = f"s3://fedsweep-results/sweeps?endpoint_override={endpoint}&allow_bucket_creation=true"
+    else:
+        storage_path = str(tmp_path / "ray_results")
     body["sweep"] = {"name": "r", "max_concurrent_trials": 2, "seeds": [0, 1], "checkpoint_every": 1,
-                     "storage_path": str(tmp_path / "ray_results")}
+                     "storage_path": storage_path}
     path = tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump(body))
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_RUN_ID")}
 
     # Nothing to resume yet: exit 2 before any cluster work.
     r = subprocess.run([FEDSWEEP, "sweep", str(path), "--resume"], capture_output=True, text=True, env=env, cwd=tmp_path, check=False)
@@ -94,9 +118,25 @@ def test_killed_sweep_resumes_without_rerunning_or_duplicating(tmp_path):
     assert 2 <= len(finished_before) < TRIALS
     assert any(x.info.status == "RUNNING" for x in before)  # killed mid-trial: orphans exist now
 
+    where = tmp_path
+    if storage == "s3":  # the lost driver's folder and home are gone; the new driver has its own
+        assert not (tmp_path / "ray_results").exists() and not (tmp_path / "sweeps").exists()
+        where = tmp_path / "new_driver"
+        where.mkdir()
+        env["HOME"] = str(where)
     r = subprocess.run([FEDSWEEP, "sweep", str(path), "--quiet", "--resume"], capture_output=True, text=True, env=env,
-                       cwd=tmp_path, timeout=600, check=False)
+                       cwd=where, timeout=600, check=False)
     assert r.returncode == 0, r.stderr[-3000:]
+    if storage == "s3":  # the sweep's state, Tune's and fedsweep's checkpoints are in the bucket
+        from fedsweep.storage import Storage
+
+        for key, value in credentials.items():
+            monkeypatch.setenv(key, value)
+        bucket = Storage(storage_path)
+        [folder] = bucket.folders(bucket.root, "r-")
+        assert bucket.is_file(bucket.path(folder, "fedsweep_sweep.json"))
+        assert len(bucket.folders(bucket.path(folder, "fedsweep_checkpoints"), "trial_")) == TRIALS
+        assert [f for f in bucket.folders(bucket.path(folder)) if f.startswith("trial_")]  # Tune's trial folders
 
     from mlflow import MlflowClient
 
@@ -126,3 +166,20 @@ def test_killed_sweep_resumes_without_rerunning_or_duplicating(tmp_path):
         for key in ("personalized_accuracy_mean", "global_accuracy", "global_loss"):
             assert x.data.metrics[key] == pytest.approx(reference[key], rel=1e-9, abs=1e-12), key
     assert "| fedavg | local_lr=" in r.stdout and "| 3 | 2 |" in r.stdout  # all 3 settings × 2 seeds in the table
+
+
+def test_a_storage_that_cannot_be_reached_is_refused_before_anything_starts(tmp_path, s3_server):
+    """A bucket the S3 server does not have (and may not create): exit 2 naming sweep.storage_path, before
+    Ray starts and before any MLflow run."""
+    endpoint, credentials = s3_server
+    body = config_dict(tracking={"experiment": "unreachable", "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"})
+    body["sweep"] = {"name": "u", "storage_path": f"s3://no-such-bucket/sweeps?endpoint_override={endpoint}"}
+    path = tmp_path / "u.yaml"
+    path.write_text(yaml.safe_dump(body))
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_RUN_ID")} | credentials
+    r = subprocess.run([FEDSWEEP, "sweep", str(path)], capture_output=True, text=True, env=env, cwd=tmp_path,
+                       timeout=120, check=False)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "sweep.storage_path" in r.stderr and "no-such-bucket" in r.stderr
+    assert "Traceback" not in r.stderr and "Started a local Ray instance" not in r.stderr
+    assert not (tmp_path / "mlflow.db").exists()

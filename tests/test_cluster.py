@@ -1,0 +1,160 @@
+"""Sweeps on a real multi-node Ray cluster (a head and worker raylets on this machine, tests/ray_cluster.py): trials
+and ClientActors placed over the nodes (``resources.placement_strategy``), the socket channel between actors of
+one node and Ray calls across nodes, and a worker node lost mid-trial. The driver is ``fedsweep sweep`` joining
+the cluster through ``RAY_ADDRESS``, as on a real cluster; the storage is a folder every node sees."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedsweep.config import load_sweep
+from fedsweep.federation import run_local
+from tests.conftest import config_dict
+from tests.ray_cluster import RayCluster
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+FEDSWEEP = str(Path(sys.executable).with_name("fedsweep"))
+COMPARED = ("personalized_accuracy_mean", "global_accuracy", "global_loss", "personalized_loss_mean")
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = RayCluster(tmp_path / "cluster.log")
+    yield c
+    c.close()
+
+
+def sweep_file(tmp_path: Path, experiment: str, sweep: dict, **sections) -> Path:
+    body = config_dict(tracking={"experiment": experiment, "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}, **sections)
+    body["sweep"] = {"name": experiment, "storage_path": str(tmp_path / "shared" / "ray_results"), **sweep}
+    path = tmp_path / f"{experiment}.yaml"
+    path.write_text(yaml.safe_dump(body))
+    return path
+
+
+def start_sweep(path: Path, address: str, **popen) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_RUN_ID"} | {"RAY_ADDRESS": address}
+    return subprocess.Popen([FEDSWEEP, "sweep", str(path), "--quiet"], env=env, cwd=path.parent, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **popen)
+
+
+def trial_runs(path: Path, experiment: str, view: str = "ACTIVE_ONLY") -> list:
+    from mlflow import MlflowClient
+    from mlflow.entities import ViewType
+
+    c = MlflowClient(f"sqlite:///{path.parent / 'mlflow.db'}")
+    exp = c.get_experiment_by_name(experiment)
+    runs = c.search_runs([exp.experiment_id], run_view_type=getattr(ViewType, view)) if exp else []
+    return [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+
+
+def placement(path: Path, run) -> list[dict]:
+    from mlflow import MlflowClient
+
+    local = MlflowClient(f"sqlite:///{path.parent / 'mlflow.db'}").download_artifacts(run.info.run_id, "placement.json", str(path.parent))
+    return json.loads(Path(local).read_text())
+
+
+def assert_equals_in_process(path: Path, runs) -> None:
+    """Every run's final metrics are those of the same config run in one process (which the single-node
+    actor tests show equal to a one-node Ray run)."""
+    trials = load_sweep(path).trials
+    for run in runs:
+        reference = run_local(trials[int(run.data.tags["fedsweep.trial_index"])].config)[0][-1]
+        for key in COMPARED:
+            assert run.data.metrics[key] == pytest.approx(reference[key], rel=1e-9, abs=1e-12), (run.info.run_name, key)
+
+
+def test_a_sweep_places_trials_and_client_actors_over_the_nodes(cluster, tmp_path):
+    """Two worker nodes of 4 CPUs. A worker-pool trial (the ServerActor and two ClientActors, 2 CPUs) placed with
+    'pack' runs on one node, its ClientActors reached over their sockets; placed with 'spread' it spans both
+    nodes: the ClientActor beside the ServerActor is reached over its socket, the one on the other node by Ray
+    calls. Both end with the numbers of an in-process run."""
+    nodes = {cluster.add_node(4), cluster.add_node(4)}
+    path = sweep_file(tmp_path, "placed", {"max_concurrent_trials": 1},
+                      data={"num_clients": 6},
+                      resources={"server_cpus": 0.5, "client_cpus": 0.5, "client_workers": 3,
+                                 "placement_strategy": {"grid": ["pack", "spread"]}})
+    proc = start_sweep(path, cluster.address)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-3000:]
+
+    runs = {r.data.params["resources.placement_strategy"]: r for r in trial_runs(path, "placed")}
+    assert set(runs) == {"pack", "spread"} and all(r.info.status == "FINISHED" for r in runs.values())
+    for strategy, run in runs.items():
+        rows = placement(path, run)
+        print(strategy, [(r["process"], r["node_id"][:8], r["channel"], r.get("socket_requests")) for r in rows])
+        server, actors = rows[0], rows[1:]
+        assert {r["node_id"] for r in rows} <= nodes and len(actors) == 2
+        for actor in actors:  # the channel follows the node: a socket beside the ServerActor, Ray calls across
+            beside = actor["node_id"] == server["node_id"]
+            assert actor["channel"] == ("socket" if beside else "ray")
+            assert (actor["socket_requests"] > 0) == beside
+        assert run.data.tags["fedsweep.nodes"] == str(len({r["node_id"] for r in rows}))
+    assert runs["pack"].data.tags["fedsweep.nodes"] == "1"
+    assert runs["spread"].data.tags["fedsweep.nodes"] == "2"
+    assert_equals_in_process(path, runs.values())
+
+
+def test_a_worker_node_lost_mid_trial(cluster, tmp_path):
+    """Two worker nodes of 2 CPUs, one trial (1.5 CPUs: ServerActor and a ClientActor) per node. Once a trial has
+    saved checkpoints, the node of a running trial is removed, its raylet and processes killed at once. Tune
+    reruns that trial on another node from its last checkpoint, in the same MLflow run; a node added afterwards
+    takes trials. MLflow ends with one FINISHED run per trial, none RUNNING, each with the numbers of an
+    uninterrupted run."""
+    first = [cluster.add_node(2), cluster.add_node(2)]
+    path = sweep_file(tmp_path, "lost", {"max_concurrent_trials": 2, "trial_retries": 2, "checkpoint_every": 1},
+                      algorithm={"local_lr": {"grid": [0.1, 0.05, 0.02, 0.01]}, "local_steps": 600},
+                      rounds=10, eval_every=2,
+                      resources={"server_cpus": 0.5, "client_cpus": 0.5, "client_workers": 2})
+    proc = start_sweep(path, cluster.address)
+    try:
+        deadline = time.time() + 240
+
+        def checkpointed() -> bool:  # a trial running past two checkpoints
+            from mlflow import MlflowClient
+
+            c = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+            running = [r for r in trial_runs(path, "lost") if r.info.status == "RUNNING"]
+            return any(max((m.step for m in c.get_metric_history(r.info.run_id, "uploads")), default=0) >= 2 for r in running)
+
+        while not checkpointed():
+            assert proc.poll() is None and time.time() < deadline, "the sweep ended or stalled before the node was lost"
+            time.sleep(0.3)
+        busy = [n for n in cluster.server_nodes() if n in first]
+        assert busy, "no ServerActor on a worker node"
+        lost = busy[0]
+        cluster.remove_node(lost)
+        new = cluster.add_node(2)
+        out, _ = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-4000:]
+
+    runs = trial_runs(path, "lost")
+    assert len(runs) == 4 and all(r.info.status == "FINISHED" for r in runs), [(r.info.run_name, r.info.status) for r in runs]
+    assert len({r.data.tags["ray.trial_id"] for r in runs}) == 4  # one run per trial
+    assert not [r for r in trial_runs(path, "lost", "ALL") if r.info.status == "RUNNING"]
+    resumed = [r for r in runs if "fedsweep.resumed_after_round" in r.data.tags]
+    assert resumed, "no trial went on from its checkpoint after the node was lost"
+    where = {r.info.run_name: {row["node_id"] for row in placement(path, r)} for r in runs}
+    print("lost", lost[:8], "new", new[:8], {k: [n[:8] for n in v] for k, v in where.items()},
+          "resumed after", [r.data.tags["fedsweep.resumed_after_round"] for r in resumed])
+    assert all(lost not in nodes for nodes in where.values())  # every run finished elsewhere
+    assert any(new in nodes for nodes in where.values()), "the node added after the loss took no trial"
+    for r in runs:  # each round logged once, the interrupted trial's included
+        from mlflow import MlflowClient
+
+        steps = [m.step for m in MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_metric_history(r.info.run_id, "uploads")]
+        assert steps == list(range(11)), (r.info.run_name, steps)
+    assert_equals_in_process(path, runs)
