@@ -388,9 +388,10 @@ class ServerActor:
         here = {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
         local = sorted(self.pool.local) if isinstance(self.pool, WorkerPool) else []
         rows = [{"process": "server", **here, "clients": local, "channel": None}]
-        for a, actor in enumerate(self.actors):
+        asked = [actor.placement.remote() for actor in self.actors]
+        for a, ref in enumerate(asked):
             try:
-                where = ray.get(actor.placement.remote(), timeout=60)
+                where = ray.get(ref, timeout=60)
             except (ray.exceptions.RayError, TimeoutError) as e:
                 where = {"node_id": None, "pid": None, "socket_requests": None, "error": type(e).__name__}
             rows.append({"process": f"client_actor_{a}", **where, "clients": self.hosts[a], "channel": self.pool.channel_of(a)})

@@ -180,8 +180,10 @@ def test_divergence_is_flagged_and_evaluated():
 ])
 def test_checkpoint_through_disk_resumes_to_the_same_numbers(algorithm, tmp_path):
     """Run 2 rounds, checkpoint to disk, load into a fresh server and fresh clients, run rounds 3-5: the
-    same global vector and metrics as 5 uninterrupted rounds (every draw is seeded per round)."""
+    same global vector and metrics as 5 uninterrupted rounds (every draw is seeded per round). A later round's
+    folder without its JSON (a process that died while saving) is not taken for a checkpoint."""
     from fedsweep import checkpoint
+    from fedsweep.storage import Storage
 
     cfg = validate(config_dict(algorithm={**algorithm, "local_steps": 3}, rounds=5, eval_every=5))
     reference, ref_server = run_local(cfg)
@@ -189,8 +191,10 @@ def test_checkpoint_through_disk_resumes_to_the_same_numbers(algorithm, tmp_path
         server, pool = local_federation(cfg)
         for rnd in range(3):
             server.step(pool, rnd)
-        checkpoint.save(server.checkpoint(pool, 2), tmp_path, {"run_id": "abc"})
-        loaded, extra = checkpoint.load(tmp_path)
+        storage = Storage(str(tmp_path))
+        checkpoint.save_latest(server.checkpoint(pool, 2), storage, storage.path("trial"), {"run_id": "abc"})
+        storage.write_bytes(storage.path("trial", "round_000003", checkpoint.ARRAYS), b"cut short")
+        loaded, extra = checkpoint.load_latest(storage, storage.path("trial"))
         assert extra == {"run_id": "abc"} and loaded["round"] == 2
 
         server, pool = local_federation(cfg)
