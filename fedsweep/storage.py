@@ -31,8 +31,8 @@ class Storage:
             self.fs, root = pafs.LocalFileSystem(), str(Path(location).resolve())
         self.root = root.rstrip("/")
 
-    def __reduce__(self):
-        return Storage, (self.location,)
+    def __reduce__(self):  # a local folder as its absolute path: the unpickling process may have another cwd
+        return Storage, (self.location if self.is_uri else self.root,)
 
     def __repr__(self) -> str:
         return f"Storage({self.location!r})"
@@ -73,9 +73,7 @@ class Storage:
 
     def folders(self, path: str, prefix: str = "") -> list[str]:
         """The names of the folders directly under ``path`` that start with ``prefix``, sorted."""
-        if self.fs.get_file_info(path).type != pafs.FileType.Directory:
-            return []
-        infos = self.fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+        infos = self.fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))  # none yet: []
         return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory and i.base_name.startswith(prefix))
 
     def remove_folder(self, path: str) -> None:
