@@ -106,13 +106,19 @@ def test_a_sweep_places_trials_and_client_actors_over_the_nodes(cluster, tmp_pat
 
 
 def test_a_worker_node_lost_mid_trial(cluster, tmp_path):
-    """Two worker nodes of 2 CPUs, one trial (1.5 CPUs: ServerActor and a ClientActor) per node. Once a trial has
-    saved checkpoints, the node of a running trial is removed, its raylet and processes killed at once. Tune
-    reruns that trial on another node from its last checkpoint, in the same MLflow run. MLflow ends with one FINISHED run per trial, none RUNNING, each with the numbers of an
-    uninterrupted run."""
+    """Two worker nodes of 2 CPUs, one trial (1.5 CPUs: ServerActor and a ClientActor) per node; 6 trials, at most 3
+    at a time (so one waits). Once every running trial has saved checkpoints, the node of a running trial is
+    removed, its raylet and processes killed at once, and a new node of 4 CPUs joins. Tune reruns the lost trial
+    from its last checkpoint, in the same MLflow run, and the new node takes trials. MLflow ends with one FINISHED
+    run per trial, none RUNNING, each with the numbers of an uninterrupted run.
+
+    Why 3 at a time: a trial that ends leaves its warm actors to the next trial on the same node, so a lone
+    waiting trial is taken by the surviving node's warm actors as soon as they free up, before a trial process
+    has started on the new node (a cold start, several seconds here); the request for the new node is then
+    withdrawn. With more trials waiting than the surviving node can take, the new node's trials start."""
     first = [cluster.add_node(2), cluster.add_node(2)]
-    path = sweep_file(tmp_path, "lost", {"max_concurrent_trials": 2, "trial_retries": 2, "checkpoint_every": 1},
-                      algorithm={"local_lr": {"grid": [0.1, 0.05, 0.02, 0.01]}, "local_steps": 600},
+    path = sweep_file(tmp_path, "lost", {"max_concurrent_trials": 3, "trial_retries": 2, "checkpoint_every": 1},
+                      algorithm={"local_lr": {"grid": [0.1, 0.07, 0.05, 0.03, 0.02, 0.01]}, "local_steps": 600},
                       rounds=10, eval_every=2,
                       resources={"server_cpus": 0.5, "client_cpus": 0.5, "client_workers": 2})
     proc = start_sweep(path, cluster.address)
@@ -134,7 +140,7 @@ def test_a_worker_node_lost_mid_trial(cluster, tmp_path):
         assert busy, "no ServerActor on a worker node"
         lost = busy[0]
         cluster.remove_node(lost)
-        new = cluster.add_node(2)
+        new = cluster.add_node(4)
         out, _ = proc.communicate(timeout=400)
     finally:
         if proc.poll() is None:
@@ -142,8 +148,8 @@ def test_a_worker_node_lost_mid_trial(cluster, tmp_path):
     assert proc.returncode == 0, out[-4000:]
 
     runs = trial_runs(path, "lost")
-    assert len(runs) == 4 and all(r.info.status == "FINISHED" for r in runs), [(r.info.run_name, r.info.status) for r in runs]
-    assert len({r.data.tags["ray.trial_id"] for r in runs}) == 4  # one run per trial
+    assert len(runs) == 6 and all(r.info.status == "FINISHED" for r in runs), [(r.info.run_name, r.info.status) for r in runs]
+    assert len({r.data.tags["ray.trial_id"] for r in runs}) == 6  # one run per trial
     assert not [r for r in trial_runs(path, "lost", "ALL") if r.info.status == "RUNNING"]
     resumed = [r for r in runs if "fedsweep.resumed_after_round" in r.data.tags]
     assert resumed, "no trial went on from its checkpoint after the node was lost"
@@ -151,9 +157,7 @@ def test_a_worker_node_lost_mid_trial(cluster, tmp_path):
     print("lost", lost[:8], "new", new[:8], {k: [n[:8] for n in v] for k, v in where.items()},
           "resumed after", [r.data.tags["fedsweep.resumed_after_round"] for r in resumed])
     assert all(lost not in nodes for nodes in where.values())  # every run finished elsewhere
-    # Not asserted: that the node added after the loss takes a trial. It did in 2 of 3 runs; in a fresh-clone CI run
-    # on a loaded machine every trial ran on the surviving node (the trials were done before the new one was used).
-    # Issue 25 stays open for it.
+    assert any(new in nodes for nodes in where.values()), "the node that joined after the loss took no trial"
     for r in runs:  # each round logged once, the interrupted trial's included
         from mlflow import MlflowClient
 
