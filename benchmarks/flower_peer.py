@@ -47,11 +47,11 @@ def config(args, clients_per_actor: int = 1, vectorize: bool = False):
     return validate(
         {
             "name": "peer",
-            "seed": 0,
+            "seed": args.seed,
             "data": {"dataset": "synthetic", "num_clients": args.clients, "alpha": 0.5, "beta": 0.5,
                      "max_samples_per_client": 500},
             "model": {"name": "mlp", "hidden": [20]},
-            "algorithm": {"name": "fedavg", "local_lr": 0.05, "participation_rate": 0.5, "local_steps": 10,
+            "algorithm": {"name": "fedavg", "local_lr": args.local_lr, "participation_rate": 0.5, "local_steps": 10,
                           "batch_size": 20},
             "rounds": args.rounds,
             "eval_every": EVAL_EVERY,
@@ -149,6 +149,8 @@ def main() -> int:
     ap.add_argument("--worker", choices=["fedsweep", "flower"])
     ap.add_argument("--clients", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=50)
+    ap.add_argument("--local-lr", type=float, default=0.05)
+    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--pack", type=int, default=10, help="clients per ClientActor (fedsweep)")
     ap.add_argument("--vectorize", action="store_true", help="fedsweep worker: resources.vectorize_clients")
     ap.add_argument("--flower-python", default=str(Path(__file__).resolve().parents[2] / "venv-flower/bin/python"),

@@ -54,25 +54,36 @@ def cmd_validate(args) -> int:
 
 
 def cmd_run(args) -> int:
+    import time
+
+    import psutil
     from tqdm import tqdm
 
     from fedsweep.config import load_experiment
     from fedsweep.experiment import check_cluster, connect_ray, execute
-    from fedsweep.tracking import RunLogger, ensure_experiment, resolve_tracking_uri
+    from fedsweep.tracking import RunLogger, ensure_experiment, resolve_tracking_uri, warm_up
 
     cfg = load_experiment(args.file)
+    uri = resolve_tracking_uri(cfg.tracking.tracking_uri)
+    mlflow_ready = warm_up(uri)  # while Ray starts
     connect_ray(cfg.resources)
     check_cluster([cfg], args.file)
-    uri = resolve_tracking_uri(cfg.tracking.tracking_uri)
+    mlflow_ready.join()
     logger = RunLogger(uri, ensure_experiment(uri, cfg.tracking.experiment), cfg, run_name=cfg.name)
     print(f"MLflow run {logger.run_id} in experiment '{cfg.tracking.experiment}' at {uri}")
-    print(f"starting {cfg.num_clients} client actors and the server actor ...")
+    r = cfg.resources
+    print(f"starting the server actor and {r.num_client_actors(cfg.num_clients)} client actor(s) for {cfg.num_clients} clients"
+          + (f" (a worker pool of {r.client_workers}, the server actor the first)" if r.client_workers else "") + " ...")
     bars: list = []  # created at round 0, once the actors are up
 
     def on_round(m: dict[str, float]) -> None:
         if not bars:
             bars.append(tqdm(total=cfg.rounds, unit="round", disable=args.quiet, dynamic_ncols=True))
         bar = bars[0]
+        if m["round"] == 1:  # what a user waits for the first round: imports, Ray, MLflow, actors, rounds 0 and 1
+            waited = time.time() - psutil.Process().create_time()
+            logger.client.log_metric(logger.run_id, "time_to_first_round_s", waited, step=1)
+            bar.write(f"round 1 done {waited:.2f} s after the command started")
         if m["round"] > 0:
             bar.update(1)
         if "global_accuracy" in m:

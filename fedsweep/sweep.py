@@ -26,6 +26,7 @@ from fedsweep.tracking import (
     ensure_experiment,
     resolve_tracking_uri,
     trial_title,
+    warm_up,
 )
 
 
@@ -286,11 +287,13 @@ def run_sweep(sweep: Sweep, verbose: int = 1, resume: bool = False) -> dict[str,
     first = configs[0]
     storage = open_storage(sweep)  # before any cluster work
     restore_from = find_resumable(sweep, storage) if resume else None
+    uri = resolve_tracking_uri(first.tracking.tracking_uri)
+    mlflow_ready = warm_up(uri)  # while Ray starts
     connect_ray(first.resources)
     check_cluster(configs, sweep.path)
+    mlflow_ready.join()
 
     settings = sweep.settings
-    uri = resolve_tracking_uri(first.tracking.tracking_uri)
     experiment_id = ensure_experiment(uri, first.tracking.experiment)
     mlflow = client(uri)
     if restore_from is not None:

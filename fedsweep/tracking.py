@@ -6,9 +6,11 @@ fluent "active run" (a stray ``MLFLOW_RUN_ID`` would otherwise re-parent them).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -45,6 +47,21 @@ def client(uri: str):
     from mlflow import MlflowClient
 
     return MlflowClient(tracking_uri=uri)
+
+
+def warm_up(uri: str) -> threading.Thread:
+    """Import MLflow and open its store for ``uri`` in a thread of this process, reading only (no experiment, no
+    run): the store is kept per URI, so the run's own calls find it open. Started before Ray (``connect_ray``) and
+    joined before the first write, it overlaps the two start-ups (here 1.3-1.9 s of MLflow within Ray's 2-2.5 s).
+    A store that cannot be opened is reported by the first real call, as without it."""
+
+    def open_store() -> None:
+        with contextlib.suppress(Exception):
+            client(uri).search_experiments(max_results=1)
+
+    thread = threading.Thread(target=open_store, name="mlflow-warm-up", daemon=True)
+    thread.start()
+    return thread
 
 
 EXPERIMENT_KIND = "mlflow.experimentKind"

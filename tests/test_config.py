@@ -7,7 +7,7 @@ import textwrap
 import pytest
 import yaml
 
-from fedsweep.config import ConfigError, check_resources, load_experiment, load_sweep, validate
+from fedsweep.config import ConfigError, auto_layout, check_resources, load_experiment, load_sweep, validate
 from tests.conftest import config_dict
 
 
@@ -180,6 +180,47 @@ def test_client_packing_shrinks_the_placement_group():
         [0, 1, 2], [3, 4, 5], [6]
     ]
     assert "resources.clients_per_actor" in problems_of(config_dict(resources={"clients_per_actor": 0}))
+
+
+def test_a_file_without_a_layout_gets_one_chosen_for_it(tmp_path, monkeypatch):
+    """No layout field given. Clients that can train stacked (FedAvg, an MLP): a pool of one on one CPU, stacked,
+    whatever the CPUs. Otherwise (the proto transform): a worker pool of one process per CPU the trial may use,
+    at most one per client, the CPUs filled and never more. Any layout field given keeps the file's layout."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    body = config_dict(data={"dataset": "synthetic", "num_clients": 20, "_replace": True}, resources={"_replace": True})
+    proto = {"name": "pavg", "local_lr": 0.05, "local_steps": 2}
+
+    def layout(text: dict, name: str = "run.yaml"):
+        path = tmp_path / name
+        path.write_text(yaml.safe_dump(text))
+        cfg = (load_sweep(path, check_cluster=False).trials[0].config if "sweep" in text
+               else load_experiment(path, check_cluster=False))
+        r = cfg.resources
+        return r.server_cpus, r.client_cpus, r.client_workers, r.clients_per_actor, r.vectorize_clients
+
+    for cpus in (1, 2, 16):
+        assert layout({**body, "resources": {"cluster_cpus": cpus}}) == (0.2, 0.8, 1, 1, True)
+    for cpus, expected in [(1, (0.2, 0.8, 1, 1, False)), (2, (0.2, 0.9, 2, 1, False)), (16, (0.2, 0.987, 16, 1, False))]:
+        assert layout({**body, "algorithm": proto, "resources": {"cluster_cpus": cpus}}) == expected
+        cfg = load_experiment(tmp_path / "run.yaml", check_cluster=False)
+        check_resources([cfg], "run.yaml", capacity=(float(cpus), 0.0, 24000.0))  # fits, CPUs filled
+    assert layout({**config_dict(), "algorithm": proto, "resources": {"cluster_cpus": 8}})[2] == 3  # BASE: 3 clients
+    cnn = auto_layout({**body, "model": {"name": "cnn"}, "resources": {"cluster_cpus": 2}}, 2)["resources"]
+    assert (cnn["client_workers"], "vectorize_clients" in cnn) == (2, False)  # stacking not measured for the CNN
+    # a sweep shares the CPUs among the trials it runs at once
+    assert layout({**body, "algorithm": proto, "resources": {"cluster_cpus": 4}, "sweep": {"max_concurrent_trials": 2}},
+                  "sweep.yaml") == (0.2, 0.9, 2, 1, False)
+    # on a remote cluster, whose size is unknown before connecting: one CPU per trial
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
+    assert layout({**body, "algorithm": proto}) == (0.2, 0.8, 1, 1, False)
+    monkeypatch.delenv("RAY_ADDRESS")
+    # one layout field given: the file's layout, the other fields at their defaults
+    for given, expected in [({"client_cpus": 0.05}, (0.25, 0.05, 0, 1, False)),
+                            ({"clients_per_actor": 10}, (0.25, 0.1, 0, 10, False)),
+                            ({"client_workers": 0}, (0.25, 0.1, 0, 1, False))]:
+        assert layout({**body, "resources": {"cluster_cpus": 2, **given}}) == expected, given
+    # vectorize_clients given is kept
+    assert layout({**body, "resources": {"vectorize_clients": False}}) == (0.2, 0.8, 1, 1, False)
 
 
 def test_gpus_that_cannot_fit():

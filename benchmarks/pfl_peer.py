@@ -1,0 +1,241 @@
+"""Benchmark — peer: Apple's pfl-research simulator against fedsweep's whole commands, on the same shards.
+
+Workload (issue 23): FedAvg on Synthetic(0.5, 0.5), 20 clients (at most 500 samples each), MLP 60-20-10,
+τ = 10 SGD steps of batch 20, r = 0.5 (10 clients a round), evaluation every 10 rounds, weighted aggregation.
+
+  single   one run, local_lr 0.05, seed 0
+  grid     16 settings: local_lr ∈ {0.1, 0.05, 0.02, 0.01} × seed ∈ {0, 1, 2, 3}, two at a time on the 2 cores
+
+What is timed is what a user waits for: the whole command, interpreter start to exit, on cores 0-1 (taskset):
+
+  fedsweep  ``fedsweep run single.yaml`` / ``fedsweep sweep grid.yaml`` (Ray, actors, Tune for the grid, every
+            metric of every round in MLflow, a SQLite store; for the grid also its table and report), once per
+            layout given with ``--layouts``
+  pfl       ``python benchmarks/pfl_run.py ...`` in pfl's virtual environment, one process per setting; the grid
+            as 16 such commands two at a time (a pool of 2), each process with 1 torch thread (2 with ``single``
+            unless ``--pfl-threads``)
+
+  flower    with ``--flower-python PY`` (Flower's own environment, see ``flower_peer.py``): ``flower_peer.py --worker
+            flower`` per setting, two at a time as pfl; its own client sampler, so its accuracies are reported, not
+            compared
+
+Same arithmetic on both sides: the shards, each seed's initial parameters, the clients each round samples and
+each sampled client's minibatches are exported once from fedsweep (``export``; not timed) and given to pfl
+(``benchmarks/pfl_run.py`` says how). The final global accuracies are printed side by side per setting and
+must be equal; the script exits 1 if any differs by more than ``--tolerance`` (default 0: to the last digit).
+
+    python3.11 -m venv ../venv-pfl && ../venv-pfl/bin/pip install "pfl[pytorch]==0.6.0" torch==2.13.0
+    python benchmarks/pfl_peer.py --rounds 50 --repeats 3
+    python benchmarks/pfl_peer.py --rounds 200 --repeats 3 --only grid
+    python benchmarks/pfl_peer.py --rounds 200 --repeats 1 --only grid --layouts default --flower-python ../venv-flower/bin/python
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+LRS = [0.1, 0.05, 0.02, 0.01]
+SEEDS = [0, 1, 2, 3]
+SINGLE = (0.05, 0)
+EVAL_EVERY = 10
+CORES = "0,1"
+# layouts of fedsweep's resources section: what a user writes (nothing), and explicit choices
+LAYOUTS = {
+    "default": {},
+    "pool": {"server_cpus": 0.5, "client_cpus": 0.5, "client_workers": 1},
+    "pool-vec": {"server_cpus": 0.5, "client_cpus": 0.5, "client_workers": 1, "vectorize_clients": True},
+    "pool2": {"server_cpus": 0.2, "client_cpus": 0.9, "client_workers": 2},
+}
+
+
+def experiment(rounds: int, lr: float | dict, seed: int, layout: str, db: Path) -> dict:
+    return {
+        "name": "peer", "seed": seed,
+        "data": {"dataset": "synthetic", "num_clients": 20, "alpha": 0.5, "beta": 0.5, "max_samples_per_client": 500},
+        "model": {"name": "mlp", "hidden": [20]},
+        "algorithm": {"name": "fedavg", "local_lr": lr, "participation_rate": 0.5, "local_steps": 10, "batch_size": 20},
+        "rounds": rounds, "eval_every": EVAL_EVERY,
+        "resources": dict(LAYOUTS[layout]),
+        "tracking": {"experiment": "peer", "tracking_uri": f"sqlite:///{db}"},
+    }
+
+
+def export(folder: Path, rounds: int) -> None:
+    """The shards (data seed fixed) and, per experiment seed, the initial vector, each round's sampled clients and
+    each sampled client's τ·B minibatch indices, drawn exactly as fedsweep's FedAvg client draws them."""
+    import numpy as np
+    import torch
+
+    from fedsweep.config import validate
+    from fedsweep.data import build_federated_dataset
+    from fedsweep.federation import _TRAIN, Client, Server
+
+    cfg = validate(experiment(rounds, SINGLE[0], 0, "default", folder / "unused.db"))
+    ds = build_federated_dataset(cfg.data)
+    cat = lambda xs: np.concatenate([x.numpy() for x in xs])
+    np.savez(folder / "shards.npz",
+             x_train=cat(d.x_train for d in ds.clients), y_train=cat(d.y_train for d in ds.clients),
+             x_test=cat(d.x_test for d in ds.clients), y_test=cat(d.y_test for d in ds.clients),
+             n_train=np.array([d.num_train for d in ds.clients]),
+             sizes=np.array([ds.num_features, *cfg.model.hidden, ds.num_classes]))
+    hp = cfg.algorithm
+    for seed in SEEDS:
+        c = cfg.model_copy(update={"seed": seed})
+        server = Server(c, ds.num_features, ds.num_classes)
+        clients = [Client(i, d, c, ds.num_features, ds.num_classes) for i, d in enumerate(ds.clients)]
+        sampled = np.array([server.sample(t) for t in range(1, rounds + 1)])
+        batches = np.empty((rounds, sampled.shape[1], hp.local_steps * hp.batch_size), dtype=np.int64)
+        for t in range(rounds):
+            for j, i in enumerate(sampled[t]):
+                ctx = clients[i]._context(t + 1, _TRAIN)  # the training stream, as Client.train draws it
+                n = clients[i].data.num_train
+                batches[t, j] = torch.cat([torch.randperm(n, generator=ctx.generator)[:hp.batch_size]
+                                           for _ in range(hp.local_steps)]).numpy()
+        np.savez(folder / f"plan_seed{seed}.npz", initial=server.params.numpy(), sampled=sampled, batches=batches,
+                 local_steps=hp.local_steps)
+
+
+def timed(cmd: list[str], cwd: Path) -> tuple[float, str]:
+    t0 = time.perf_counter()
+    proc = subprocess.run(["taskset", "-c", CORES, *cmd], cwd=cwd, capture_output=True, text=True, check=False,
+                          env={k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_RUN_ID")})
+    wall = time.perf_counter() - t0
+    if proc.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    return wall, proc.stdout
+
+
+def pfl_cmd(args, folder: Path, lr: float, seed: int, threads: int) -> list[str]:
+    return [args.pfl_python, str(ROOT / "benchmarks/pfl_run.py"), str(folder), "--seed", str(seed), "--local-lr",
+            str(lr), "--rounds", str(args.rounds), "--eval-every", str(EVAL_EVERY), "--threads", str(threads)]
+
+
+def run_pfl(args, folder: Path, settings: list[tuple[float, int]], threads: int) -> tuple[float, dict]:
+    def one(s):
+        wall, out = timed(pfl_cmd(args, folder, *s, threads), ROOT)
+        return s, json.loads(out.strip().splitlines()[-1]) | {"wall_s": wall}
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(2 if len(settings) > 1 else 1) as pool:
+        results = dict(pool.map(one, settings))
+    return time.perf_counter() - t0, results
+
+
+def run_flower(args, settings: list[tuple[float, int]]) -> tuple[float, dict]:
+    """Flower's simulation on the same shards (``flower_peer.py --worker flower``: its own sampler, so its
+    accuracies are not expected to equal), one command per setting, two at a time as for pfl."""
+    def one(s):
+        wall, out = timed([args.flower_python, str(ROOT / "benchmarks/flower_peer.py"), "--worker", "flower",
+                           "--rounds", str(args.rounds), "--local-lr", str(s[0]), "--seed", str(s[1])], ROOT)
+        return s, json.loads([ln for ln in out.splitlines() if ln.startswith("{")][-1]) | {"wall_s": wall}
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(2 if len(settings) > 1 else 1) as pool:
+        results = dict(pool.map(one, settings))
+    return time.perf_counter() - t0, results
+
+
+def final_accuracies(db: Path) -> dict[tuple[float, int], float]:
+    from mlflow import MlflowClient
+
+    c = MlflowClient(f"sqlite:///{db}")
+    runs = c.search_runs([c.get_experiment_by_name("peer").experiment_id])
+    return {(float(r.data.params["algorithm.local_lr"]), int(r.data.params["seed"])): r.data.metrics["global_accuracy"]
+            for r in runs if "global_accuracy" in r.data.metrics and "algorithm.local_lr" in r.data.params}
+
+
+def run_fedsweep(args, what: str, layout: str) -> tuple[float, dict]:
+    folder = Path(tempfile.mkdtemp(prefix=f"fedsweep-peer-{what}-{layout}-"))
+    db = folder / "mlflow.db"
+    fedsweep = str(Path(sys.executable).with_name("fedsweep"))
+    if what == "single":
+        body = experiment(args.rounds, SINGLE[0], SINGLE[1], layout, db)
+        cmd = [fedsweep, "run", "single.yaml", "--quiet"]
+    else:
+        body = experiment(args.rounds, {"grid": LRS}, 0, layout, db)
+        body["sweep"] = {"name": "peer", "seeds": SEEDS, "max_concurrent_trials": 2,
+                         "storage_path": str(folder / "ray_results")}
+        cmd = [fedsweep, "sweep", "grid.yaml", "--quiet"]
+    (folder / f"{what}.yaml").write_text(yaml.safe_dump(body))
+    wall, _ = timed(cmd, folder)
+    return wall, final_accuracies(db)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=50)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--only", choices=["single", "grid"])
+    ap.add_argument("--layouts", nargs="+", default=["default", "pool-vec"], choices=list(LAYOUTS))
+    ap.add_argument("--pfl-python", default=str(ROOT.parent / "venv-pfl/bin/python"))
+    ap.add_argument("--pfl-threads", type=int, default=0, help="torch threads of a single pfl run (0 = torch's default)")
+    ap.add_argument("--tolerance", type=float, default=0.0)
+    ap.add_argument("--flower-python", help="also time Flower (flower_peer.py) in this interpreter's environment")
+    args = ap.parse_args()
+
+    folder = Path(tempfile.mkdtemp(prefix="fedsweep-pfl-export-"))
+    export(folder, args.rounds)
+    grid = [(lr, s) for s in SEEDS for lr in LRS]
+    print(f"FedAvg, Synthetic(0.5,0.5), 20 clients, MLP 60-20-10, τ=10, B=20, r=0.5, {args.rounds} rounds, eval every "
+          f"{EVAL_EVERY}; cores {CORES}; {args.repeats} repetitions, variants interleaved", flush=True)
+    mismatches = 0
+    for what in [args.only] if args.only else ["single", "grid"]:
+        settings = [SINGLE] if what == "single" else grid
+        walls: dict[str, list[float]] = {"pfl": [], **{f"fedsweep/{lay}": [] for lay in args.layouts},
+                                         **({"flower": []} if args.flower_python else {})}
+        accuracies: dict[str, dict] = {}
+        for rep in range(args.repeats):
+            wall, res = run_pfl(args, folder, settings, args.pfl_threads if what == "single" else 1)
+            walls["pfl"].append(wall)
+            accuracies["pfl"] = {s: r["final_global_accuracy"] for s, r in res.items()}
+            inner = statistics.median(r["run_s"] for r in res.values())
+            print(f"  {what} rep {rep + 1}: pfl {wall:.2f} s (per process: median algorithm.run {inner:.2f} s, "
+                  f"import {statistics.median(r['import_s'] for r in res.values()):.2f} s)", flush=True)
+            for lay in args.layouts:
+                wall, acc = run_fedsweep(args, what, lay)
+                walls[f"fedsweep/{lay}"].append(wall)
+                accuracies[f"fedsweep/{lay}"] = acc
+                print(f"  {what} rep {rep + 1}: fedsweep/{lay} {wall:.2f} s", flush=True)
+            if args.flower_python:
+                wall, res = run_flower(args, settings)
+                walls["flower"].append(wall)
+                flower = {s: r["final_global_accuracy"] for s, r in res.items()}
+                print(f"  {what} rep {rep + 1}: flower {wall:.2f} s; final accuracies (its own sampler) "
+                      f"{[round(100 * flower[s], 2) for s in settings]}", flush=True)
+        print(f"\n{what}, {args.rounds} rounds — whole command wall (s): median [per repetition]")
+        for name, ws in walls.items():
+            print(f"  {name:20s} {statistics.median(ws):7.2f} {[round(w, 2) for w in ws]}")
+        print("  ratios (median of paired ratios, fedsweep / peer: < 1 = fedsweep faster):")
+        for name, ws in walls.items():
+            if name.startswith("fedsweep/"):
+                for peer in ("pfl", "flower")[: 2 if args.flower_python else 1]:
+                    rs = [f / p for f, p in zip(ws, walls[peer])]
+                    print(f"    {name} / {peer:8s} {statistics.median(rs):6.3f} {[round(r, 3) for r in rs]}")
+        print("  final global accuracy (%) per setting (local_lr, seed):")
+        for s in settings:
+            row = {name: accuracies[name].get(s) for name in accuracies}
+            ok = all(v is not None and abs(v - row["pfl"]) <= args.tolerance for v in row.values())
+            mismatches += not ok
+            print(f"    {s}: " + ", ".join(f"{n} {100 * v:.4f}" if v is not None else f"{n} missing"
+                                           for n, v in row.items()) + ("" if ok else "   <- differs"))
+    print(f"\naccuracies: {'all equal' if not mismatches else f'{mismatches} setting(s) differ'}"
+          f" (tolerance {args.tolerance})")
+    return 1 if mismatches else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""Benchmark — where the seconds of ``fedsweep run`` go, before the first round and after the last.
+
+Runs the steps of ``fedsweep run FILE`` (``fedsweep.cli.cmd_run``) one after the other in a fresh process on
+cores 0-1 and prints the time since the interpreter started at the end of each: importing fedsweep, reading
+and checking the file, importing Ray, starting Ray while MLflow's store opens in a thread
+(``fedsweep.tracking.warm_up``), the MLflow run, the actors up with round 0 (evaluation of the initial model),
+round 1, the remaining rounds with the run's end in MLflow, and ``ray.shutdown()`` (which the command's exit
+runs). The default file is the peer workload (issue 23) with the layout chosen automatically.
+
+    python benchmarks/startup.py --repeats 3 [--file F] [--fresh-store]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+T0 = time.perf_counter()
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+FILE = """\
+name: peer
+seed: 0
+data: {dataset: synthetic, num_clients: 20, alpha: 0.5, beta: 0.5, max_samples_per_client: 500}
+model: {name: mlp, hidden: [20]}
+algorithm: {name: fedavg, local_lr: 0.05, participation_rate: 0.5, local_steps: 10, batch_size: 20}
+rounds: 50
+eval_every: 10
+tracking: {experiment: peer, tracking_uri: "sqlite:///DB"}
+"""
+
+
+def worker(path: str, sequential: bool) -> dict:
+    marks: dict[str, float] = {}
+
+    def mark(step: str) -> None:
+        marks[step] = round(time.perf_counter() - T0, 3)
+
+    import fedsweep.cli  # noqa: F401 - what the command imports first
+    mark("import fedsweep")
+    from fedsweep.config import load_experiment
+
+    cfg = load_experiment(path)
+    mark("file read and checked")
+    from fedsweep.experiment import check_cluster, connect_ray, execute
+    from fedsweep.tracking import RunLogger, ensure_experiment, resolve_tracking_uri, warm_up
+
+    mark("import Ray")
+    uri = resolve_tracking_uri(cfg.tracking.tracking_uri)
+    ready = warm_up(uri)
+    if sequential:  # as before the overlap: MLflow's store opened, then Ray started
+        ready.join()
+    connect_ray(cfg.resources)
+    check_cluster([cfg], path)
+    mark("Ray started")
+    ready.join()
+    mark("MLflow store open")
+    logger = RunLogger(uri, ensure_experiment(uri, cfg.tracking.experiment), cfg, run_name=cfg.name)
+    mark("MLflow run created")
+
+    def on_round(m: dict) -> None:
+        if m["round"] == 0:
+            mark("actors up, round 0")
+        elif m["round"] == 1:
+            mark("round 1")
+
+    execute(cfg, logger, on_round)
+    mark("rounds 2-50, run finished")
+    import ray
+
+    ray.shutdown()
+    mark("ray.shutdown")
+    return marks
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--worker")
+    ap.add_argument("--file")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--fresh-store", action="store_true", help="a new SQLite store each repetition (else one, reused)")
+    ap.add_argument("--sequential", action="store_true", help="worker: open MLflow's store before starting Ray")
+    args = ap.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.worker, args.sequential)))
+        return 0
+    from benchmarks._harness import measure
+
+    folder = Path(tempfile.mkdtemp(prefix="fedsweep-startup-"))
+    runs: dict[str, list[dict]] = {"overlapped": [], "sequential": []}
+    for rep in range(args.repeats):
+        for variant, extra in (("overlapped", []), ("sequential", ["--sequential"])):
+            path = Path(args.file) if args.file else folder / "run.yaml"
+            if not args.file:
+                db = folder / (f"mlflow-{variant}{rep}.db" if args.fresh_store else "mlflow.db")
+                path.write_text(FILE.replace("DB", str(db)))
+            runs[variant].append(measure(__file__, "0,1", [str(path), *extra]))
+            print(f"  rep {rep + 1} {variant}: {runs[variant][-1]}", flush=True)
+    print("\nseconds since the interpreter started, median of the repetitions (and the step's own share):")
+    print(f"  {'':28s} {'overlapped':>18s} {'sequential':>18s}")
+    before = dict.fromkeys(runs, 0.0)
+    for step in runs["overlapped"][0]:
+        cells = []
+        for variant, rs in runs.items():
+            at = sorted(r[step] for r in rs)[len(rs) // 2]
+            cells.append(f"{at:7.2f} (+{at - before[variant]:.2f})")
+            before[variant] = at
+        print(f"  {step:28s} " + " ".join(f"{c:>18s}" for c in cells))
+    pairs = sorted(s["round 1"] - o["round 1"] for o, s in zip(runs["overlapped"], runs["sequential"]))
+    print(f"\nround 1 reached earlier by the overlap: median of paired differences {pairs[len(pairs) // 2]:.2f} s {pairs}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
