@@ -887,7 +887,7 @@ def load_experiment(path: str | Path, check_cluster: bool = True) -> ExperimentC
     grids = [k for k, v in flatten_grids(raw)]
     if grids:
         raise ConfigError([f"{path}: {g}: a grid is only allowed in a sweep ('fedsweep sweep {path}')" for g in grids])
-    cfg = validate(auto_layout(raw, trial_cpus(raw.get("resources"), 1)), str(path), lines)
+    cfg = validate(auto_layout(raw, trial_cpus(raw.get("resources"), 1)) if isinstance(raw, dict) else raw, str(path), lines)
     if check_cluster:
         check_before_start([cfg], str(path))
     return cfg
@@ -951,8 +951,8 @@ def load_sweep(path: str | Path, check_cluster: bool = True) -> Sweep:
     expanded = _expand(body, (), problems, lambda at: f"{_where(file, lines, at)}: ")
     if settings is not None:
         expanded = _sample(expanded, settings, problems, lambda at: _where(file, lines, at))
-        expanded = [(auto_layout(value, trial_cpus(value.get("resources"), settings.max_concurrent_trials)), overrides)
-                    for value, overrides in expanded]
+        expanded = [(auto_layout(value, trial_cpus(value.get("resources"), settings.max_concurrent_trials))
+                     if isinstance(value, dict) else value, overrides) for value, overrides in expanded]
     if problems:
         raise ConfigError(problems)
     search_points = None
