@@ -50,8 +50,8 @@ def client(uri: str):
 
 
 def warm_up(uri: str) -> threading.Thread:
-    """Import MLflow and open its store for ``uri`` in a thread of this process, reading only (no experiment, no
-    run): the store is kept per URI, so the run's own calls find it open. Started before Ray (``connect_ray``) and
+    """Import MLflow and open its store for ``uri`` in a thread of this process, creating no experiment and no run
+    (a new SQLite store gets its tables): the store is kept per URI, so the run's own calls find it open. Started before Ray (``connect_ray``) and
     joined before the first write, it overlaps the two start-ups (here 1.3-1.9 s of MLflow within Ray's 2-2.5 s).
     A store that cannot be opened is reported by the first real call, as without it."""
 
