@@ -124,29 +124,29 @@ def pfl_cmd(args, folder: Path, lr: float, seed: int, threads: int) -> list[str]
             str(lr), "--rounds", str(args.rounds), "--eval-every", str(EVAL_EVERY), "--threads", str(threads)]
 
 
-def run_pfl(args, folder: Path, settings: list[tuple[float, int]], threads: int) -> tuple[float, dict]:
+def two_at_a_time(settings: list[tuple[float, int]], command) -> tuple[float, dict]:
+    """``command(setting)`` for every setting, two at a time (one if there is one): the wall time of them all, and
+    per setting the last JSON line it printed with its own wall time."""
     def one(s):
-        wall, out = timed(pfl_cmd(args, folder, *s, threads), ROOT)
-        return s, json.loads(out.strip().splitlines()[-1]) | {"wall_s": wall}
-
-    t0 = time.perf_counter()
-    with ThreadPoolExecutor(2 if len(settings) > 1 else 1) as pool:
-        results = dict(pool.map(one, settings))
-    return time.perf_counter() - t0, results
-
-
-def run_flower(args, settings: list[tuple[float, int]]) -> tuple[float, dict]:
-    """Flower's simulation on the same shards (``flower_peer.py --worker flower``: its own sampler, so its
-    accuracies are not expected to equal), one command per setting, two at a time as for pfl."""
-    def one(s):
-        wall, out = timed([args.flower_python, str(ROOT / "benchmarks/flower_peer.py"), "--worker", "flower",
-                           "--rounds", str(args.rounds), "--local-lr", str(s[0]), "--seed", str(s[1])], ROOT)
+        wall, out = timed(command(s), ROOT)
         return s, json.loads([ln for ln in out.splitlines() if ln.startswith("{")][-1]) | {"wall_s": wall}
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(2 if len(settings) > 1 else 1) as pool:
         results = dict(pool.map(one, settings))
     return time.perf_counter() - t0, results
+
+
+def run_pfl(args, folder: Path, settings: list[tuple[float, int]], threads: int) -> tuple[float, dict]:
+    return two_at_a_time(settings, lambda s: pfl_cmd(args, folder, *s, threads))
+
+
+def run_flower(args, settings: list[tuple[float, int]]) -> tuple[float, dict]:
+    """Flower's simulation on the same shards (``flower_peer.py --worker flower``: its own sampler, so its
+    accuracies are not expected to equal), one command per setting, two at a time as for pfl."""
+    return two_at_a_time(settings, lambda s: [args.flower_python, str(ROOT / "benchmarks/flower_peer.py"), "--worker",
+                                              "flower", "--rounds", str(args.rounds), "--local-lr", str(s[0]),
+                                              "--seed", str(s[1])])
 
 
 def final_accuracies(db: Path) -> dict[tuple[float, int], float]:

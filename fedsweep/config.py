@@ -671,12 +671,17 @@ def parameter_memory(cfg: ExperimentConfig) -> tuple[int, int]:
     return params, sum(v.numel() for v in state.values())
 
 
+def local_cpus() -> int:
+    """CPUs of a local Ray instance started without ``cluster_cpus``: this machine's cores."""
+    return os.cpu_count() or 1
+
+
 def local_capacity() -> tuple[float, float, float]:
     """CPUs, GPUs and memory (MB) of this machine, as a local Ray instance would see them."""
     import psutil
     import torch
 
-    return float(os.cpu_count() or 1), float(torch.cuda.device_count()), psutil.virtual_memory().total / 2**20
+    return float(local_cpus()), float(torch.cuda.device_count()), psutil.virtual_memory().total / 2**20
 
 
 def check_resources(configs: list[ExperimentConfig], file: str, capacity: tuple[float, float, float | None] | None = None) -> None:
@@ -833,7 +838,7 @@ def trial_cpus(resources: Any, concurrent_trials: int) -> int:
     cpus = resources.get("cluster_cpus")
     if not isinstance(cpus, int) or isinstance(cpus, bool):
         remote = resources.get("ray_address") or os.environ.get("RAY_ADDRESS")
-        cpus = 1 if remote else int(local_capacity()[0])
+        cpus = 1 if remote else local_cpus()
     return max(1, cpus // max(1, concurrent_trials))
 
 

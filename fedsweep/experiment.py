@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Container, Iterator
 
@@ -10,7 +9,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from fedsweep.config import ConfigError, ExperimentConfig, ResourcesConfig, check_fits
+from fedsweep.config import ConfigError, ExperimentConfig, ResourcesConfig, check_fits, local_cpus
 from fedsweep.tracking import STOPPED_EARLY, TAG_PREFIX, RunLogger
 
 
@@ -22,7 +21,7 @@ def connect_ray(resources: ResourcesConfig) -> None:
     if address:
         ray.init(address=address, log_to_driver=True)
         return
-    kwargs: dict = {"num_cpus": int(resources.cluster_cpus or os.cpu_count() or 1), "include_dashboard": False}
+    kwargs: dict = {"num_cpus": int(resources.cluster_cpus or local_cpus()), "include_dashboard": False}
     if resources.cluster_gpus is not None:
         kwargs["num_gpus"] = int(resources.cluster_gpus)
     ray.init(**kwargs)

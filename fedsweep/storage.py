@@ -51,14 +51,16 @@ class Storage:
         self.fs.create_dir(self.root, recursive=True)
 
     def write_bytes(self, path: str, data: bytes) -> None:
-        """Write ``path`` whole or not at all: into a hidden neighbour first, then moved into place (a rename on
-        a local disk; on an object store each object appears complete anyway)."""
+        """Write ``path`` whole or not at all. An object store's object appears complete when its upload ends, so
+        it is written in place; on a local disk it goes to a hidden neighbour first and is renamed into place (on
+        an object store that detour would be a second copy and a delete per write)."""
         folder, name = posixpath.split(path)
         self.fs.create_dir(folder, recursive=True)
-        partial = posixpath.join(folder, f".{name}.{os.getpid()}.partial")
-        with self.fs.open_output_stream(partial) as out:
+        target = path if self.is_uri else posixpath.join(folder, f".{name}.{os.getpid()}.partial")
+        with self.fs.open_output_stream(target) as out:
             out.write(data)
-        self.fs.move(partial, path)
+        if target != path:
+            self.fs.move(target, path)
 
     def read_bytes(self, path: str) -> bytes:
         with self.fs.open_input_stream(path) as f:
@@ -67,8 +69,11 @@ class Storage:
     def is_file(self, path: str) -> bool:
         return self.fs.get_file_info(path).type == pafs.FileType.File
 
-    def mtime(self, path: str) -> float:
+    def file_mtime(self, path: str) -> float | None:
+        """When file ``path`` was last written, or None when it is not a file (one filesystem call)."""
         info = self.fs.get_file_info(path)
+        if info.type != pafs.FileType.File:
+            return None
         return info.mtime.timestamp() if info.mtime is not None else 0.0
 
     def folders(self, path: str, prefix: str = "") -> list[str]:

@@ -260,7 +260,8 @@ def find_resumable(sweep: Sweep, storage: Storage) -> tuple[str, dict]:
     can restore, with its saved state; a ConfigError naming ``sweep.storage_path`` when there is none. It reads
     the storage only: a driver on another machine than the interrupted one finds it the same way."""
     states = [storage.path(folder, SWEEP_STATE) for folder in storage.folders(storage.root, f"{sweep.settings.name}-")]
-    candidates = sorted((f for f in states if storage.is_file(f)), key=storage.mtime, reverse=True)
+    written = {f: storage.file_mtime(f) for f in states}
+    candidates = sorted((f for f, t in written.items() if t is not None), key=written.__getitem__, reverse=True)
     for state_file in candidates:
         state = json.loads(storage.read_bytes(state_file))
         folder = posixpath.dirname(state_file)

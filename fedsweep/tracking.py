@@ -51,9 +51,10 @@ def client(uri: str):
 
 def warm_up(uri: str) -> threading.Thread:
     """Import MLflow and open its store for ``uri`` in a thread of this process, creating no experiment and no run
-    (a new SQLite store gets its tables): the store is kept per URI, so the run's own calls find it open. Started before Ray (``connect_ray``) and
-    joined before the first write, it overlaps the two start-ups (here 1.3-1.9 s of MLflow within Ray's 2-2.5 s).
-    A store that cannot be opened is reported by the first real call, as without it."""
+    (a new SQLite store gets its tables): the store is kept per URI, so the run's own calls find it open. Started
+    before Ray (``connect_ray``) and joined before the first write, it overlaps the two start-ups (round 1 came
+    1.37 s sooner here, benchmarks/startup.py). A store that cannot be opened is reported by the first real call,
+    as without it."""
 
     def open_store() -> None:
         with contextlib.suppress(Exception):
