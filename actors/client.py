@@ -143,7 +143,7 @@ def hosted_info(clients: dict[int, Client]) -> list[dict]:
     """Where each client of this process runs: pid, torch device, the GPUs Ray assigned and CUDA_VISIBLE_DEVICES."""
     common = {
         "pid": os.getpid(),
-        "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+        "gpu_ids": [str(g) for g in ray.get_gpu_ids()] if ray.is_initialized() else [],
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
     }
     return [{"client_id": i, "device": str(c.device), **common} for i, c in clients.items()]

@@ -313,14 +313,18 @@ def start_client_actors(cfg: ExperimentConfig, placement_group: PlacementGroup |
     return actors
 
 
-@ray.remote(num_cpus=0)
-class ServerActor:
+class ExperimentServer:
     """One experiment's server and its ClientActors; :meth:`reset` makes the same actors run another
-    experiment of equal resources (a sweep's next trial) without starting new processes."""
+    experiment of equal resources (a sweep's next trial) without starting new processes.
+
+    It runs in a :class:`ServerActor`, or, for a layout of one process (a worker pool of one: no ClientActor)
+    run on this machine by ``fedsweep run``, in the command's own process: the same code, the same numbers,
+    without Ray (:func:`fedsweep.experiment.runs_in_process`)."""
 
     def __init__(self, cfg: ExperimentConfig, client_actors: list):
         """``client_actors``: started empty by the caller (:func:`start_client_actors`), while this actor
-        starts; they host nothing until :meth:`reset` gives them this experiment's shards."""
+        starts; they host nothing until :meth:`reset` gives them this experiment's shards. Sets this process's
+        torch threads to :data:`COMPUTE_THREADS`, on which the numbers depend."""
         torch.set_num_threads(COMPUTE_THREADS)
         r = cfg.resources
         self.hosts = [r.clients_of_actor(a, cfg.num_clients) for a in range(r.num_client_actors(cfg.num_clients))]
@@ -332,6 +336,8 @@ class ServerActor:
     def _put_shards(self, dataset) -> list[ray.ObjectRef]:
         """One object per ClientActor: the shards of the clients it hosts (with a worker pool, one object
         of every shard, shared by all)."""
+        if not self.hosts:
+            return []
         if self.cfg.resources.client_workers:
             return [ray.put(dict(enumerate(dataset.clients)))] * len(self.hosts)
         return [ray.put({i: dataset.clients[i] for i in ids}) for ids in self.hosts]
@@ -355,23 +361,31 @@ class ServerActor:
             self.pool = WorkerPool(local, self.actors, setups, self.experiment, timeout_s, cfg.resources.pool_channel)
         else:
             self.pool = RayPool(self.actors, self.hosts, setups, self.experiment, timeout_s)
-        ray.get([a.reset.remote(*setup) for a, setup in zip(self.actors, setups)])
+        if self.actors:
+            ray.get([a.reset.remote(*setup) for a, setup in zip(self.actors, setups)])
 
     def clients_info(self) -> list[dict]:
         """Where the clients run (with a worker pool: every worker's row for every client, this actor's first);
         blocks until every client actor is constructed."""
         own = hosted_info(self.pool.local) if isinstance(self.pool, WorkerPool) else []
-        return own + [i for infos in ray.get([a.info.remote() for a in self.actors]) for i in infos]
+        return own + [i for infos in (ray.get([a.info.remote() for a in self.actors]) if self.actors else []) for i in infos]
 
     @ray.method(**ROUND_CALL)
-    def step(self, rnd: int) -> dict[str, float] | None:
-        """Round ``rnd``; None, touching nothing, once a round has diverged (the driver may have sent the
-        next round before reading that one's metrics)."""
-        if self.diverged:
-            return None
-        metrics = self.server.step(self.pool, rnd)
-        self.diverged = bool(metrics.get("diverged"))
-        return metrics
+    def steps(self, first: int, last: int, clock_from: int) -> list[dict[str, float]]:
+        """Rounds ``first`` to ``last`` in one call, stopping after a round that diverged; [] once one has (the
+        driver may have sent this call before reading that round). ``wall_time_s``: seconds since round
+        ``clock_from`` (the run's first training round) began here; 0 before it."""
+        out = []
+        for rnd in range(first, last + 1):
+            if self.diverged:
+                break
+            if rnd == clock_from:
+                self.clock = time.perf_counter()
+            metrics = self.server.step(self.pool, rnd)
+            metrics["wall_time_s"] = time.perf_counter() - self.clock if rnd >= clock_from else 0.0
+            self.diverged = bool(metrics.get("diverged"))
+            out.append(metrics)
+        return out
 
     def checkpoint(self, rnd: int) -> dict:
         return self.server.checkpoint(self.pool, rnd)
@@ -385,7 +399,7 @@ class ServerActor:
     def placement(self) -> list[dict]:
         """Where this experiment runs: a row for this actor and for each ClientActor (its node, process, clients,
         and how the rounds reach it: ``ray`` calls or the ``socket``, with the requests answered through it)."""
-        here = {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
+        here = {"node_id": ray.get_runtime_context().get_node_id() if ray.is_initialized() else None, "pid": os.getpid()}
         local = sorted(self.pool.local) if isinstance(self.pool, WorkerPool) else []
         rows = [{"process": "server", **here, "clients": local, "channel": None}]
         asked = [actor.placement.remote() for actor in self.actors]
@@ -403,3 +417,7 @@ class ServerActor:
     def client_states(self, client_ids: list[int]) -> list:
         return self.pool.states(client_ids)
 
+
+@ray.remote(num_cpus=0)
+class ServerActor(ExperimentServer):
+    """:class:`ExperimentServer` in a process of its own, in bundle 0 of the experiment's placement group."""

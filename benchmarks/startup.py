@@ -5,7 +5,11 @@ cores 0-1 and prints the time since the interpreter started at the end of each: 
 and checking the file, importing Ray, starting Ray while MLflow's store opens in a thread
 (``fedsweep.tracking.warm_up``), the MLflow run, the actors up with round 0 (evaluation of the initial model),
 round 1, the remaining rounds with the run's end in MLflow, and ``ray.shutdown()`` (which the command's exit
-runs). The default file is the peer workload (issue 23) with the layout chosen automatically.
+runs). Three variants, alternated: ``on Ray`` (the path of a layout with processes to place), ``sequential``
+(the same, MLflow's store opened before Ray starts, as before the overlap) and ``in process`` (what the command
+does with a layout of one process, ``fedsweep.experiment.runs_in_process``: the server and its clients built in
+this process while MLflow's store opens, no Ray). The default file is the peer workload (issue 23) without a
+layout: the stacked worker pool of one is chosen, which runs in process; the Ray variants run it on Ray.
 
     python benchmarks/startup.py --repeats 3 [--file F] [--fresh-store]
 """
@@ -35,7 +39,10 @@ tracking: {experiment: peer, tracking_uri: "sqlite:///DB"}
 """
 
 
-def worker(path: str, sequential: bool) -> dict:
+VARIANTS = ("on Ray", "sequential", "in process")
+
+
+def worker(path: str, variant: str) -> dict:
     marks: dict[str, float] = {}
 
     def mark(step: str) -> None:
@@ -47,17 +54,23 @@ def worker(path: str, sequential: bool) -> dict:
 
     cfg = load_experiment(path)
     mark("file read and checked")
-    from fedsweep.experiment import check_cluster, connect_ray, execute
+    from fedsweep.experiment import InProcessRunner, check_cluster, connect_ray, execute
     from fedsweep.tracking import RunLogger, ensure_experiment, resolve_tracking_uri, warm_up
 
     mark("import Ray")
     uri = resolve_tracking_uri(cfg.tracking.tracking_uri)
     ready = warm_up(uri)
-    if sequential:  # as before the overlap: MLflow's store opened, then Ray started
-        ready.join()
-    connect_ray(cfg.resources)
-    check_cluster([cfg], path)
-    mark("Ray started")
+    runner = None
+    if variant == "in process":
+        runner = InProcessRunner(cfg)
+        runner.start()
+        mark("server and clients built")
+    else:
+        if variant == "sequential":  # as before the overlap: MLflow's store opened, then Ray started
+            ready.join()
+        connect_ray(cfg.resources)
+        check_cluster([cfg], path)
+        mark("Ray started")
     ready.join()
     mark("MLflow store open")
     logger = RunLogger(uri, ensure_experiment(uri, cfg.tracking.experiment), cfg, run_name=cfg.name)
@@ -65,16 +78,17 @@ def worker(path: str, sequential: bool) -> dict:
 
     def on_round(m: dict) -> None:
         if m["round"] == 0:
-            mark("actors up, round 0")
+            mark("round 0" if runner else "actors up, round 0")
         elif m["round"] == 1:
             mark("round 1")
 
-    execute(cfg, logger, on_round)
+    execute(cfg, logger, on_round, runner=runner)
     mark("rounds 2-50, run finished")
-    import ray
+    if runner is None:
+        import ray
 
-    ray.shutdown()
-    mark("ray.shutdown")
+        ray.shutdown()
+        mark("ray.shutdown")
     return marks
 
 
@@ -84,35 +98,34 @@ def main() -> int:
     ap.add_argument("--file")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--fresh-store", action="store_true", help="a new SQLite store each repetition (else one, reused)")
-    ap.add_argument("--sequential", action="store_true", help="worker: open MLflow's store before starting Ray")
+    ap.add_argument("--variant", default="on Ray", choices=VARIANTS)
     args = ap.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.worker, args.sequential)))
+        print(json.dumps(worker(args.worker, args.variant)))
         return 0
     from benchmarks._harness import measure
 
     folder = Path(tempfile.mkdtemp(prefix="fedsweep-startup-"))
-    runs: dict[str, list[dict]] = {"overlapped": [], "sequential": []}
+    runs: dict[str, list[dict]] = {v: [] for v in VARIANTS}
     for rep in range(args.repeats):
-        for variant, extra in (("overlapped", []), ("sequential", ["--sequential"])):
+        for variant in VARIANTS:
             path = Path(args.file) if args.file else folder / "run.yaml"
             if not args.file:
-                db = folder / (f"mlflow-{variant}{rep}.db" if args.fresh_store else "mlflow.db")
+                db = folder / (f"mlflow-{variant.replace(' ', '-')}{rep}.db" if args.fresh_store else "mlflow.db")
                 path.write_text(FILE.replace("DB", str(db)))
-            runs[variant].append(measure(__file__, "0,1", [str(path), *extra]))
+            runs[variant].append(measure(__file__, "0,1", [str(path), "--variant", variant]))
             print(f"  rep {rep + 1} {variant}: {runs[variant][-1]}", flush=True)
     print("\nseconds since the interpreter started, median of the repetitions (and the step's own share):")
-    print(f"  {'':28s} {'overlapped':>18s} {'sequential':>18s}")
-    before = dict.fromkeys(runs, 0.0)
-    for step in runs["overlapped"][0]:
-        cells = []
-        for variant, rs in runs.items():
+    for variant, rs in runs.items():
+        print(f"  {variant}:")
+        before = 0.0
+        for step in rs[0]:
             at = sorted(r[step] for r in rs)[len(rs) // 2]
-            cells.append(f"{at:7.2f} (+{at - before[variant]:.2f})")
-            before[variant] = at
-        print(f"  {step:28s} " + " ".join(f"{c:>18s}" for c in cells))
-    pairs = sorted(s["round 1"] - o["round 1"] for o, s in zip(runs["overlapped"], runs["sequential"]))
-    print(f"\nround 1 reached earlier by the overlap: median of paired differences {pairs[len(pairs) // 2]:.2f} s {pairs}")
+            print(f"    {step:28s} {at:7.2f} (+{at - before:.2f})")
+            before = at
+    for other in ("sequential", "in process"):
+        pairs = sorted(o["round 1"] - r["round 1"] for r, o in zip(runs["on Ray"], runs[other]))
+        print(f"round 1, {other} minus on Ray: median of paired differences {pairs[len(pairs) // 2]:.2f} s {pairs}")
     return 0
 
 

@@ -60,20 +60,28 @@ def cmd_run(args) -> int:
     from tqdm import tqdm
 
     from fedsweep.config import load_experiment
-    from fedsweep.experiment import check_cluster, connect_ray, execute
+    from fedsweep.experiment import InProcessRunner, check_cluster, connect_ray, execute, runs_in_process
     from fedsweep.tracking import RunLogger, ensure_experiment, resolve_tracking_uri, warm_up
 
     cfg = load_experiment(args.file)
     uri = resolve_tracking_uri(cfg.tracking.tracking_uri)
-    mlflow_ready = warm_up(uri)  # while Ray starts
-    connect_ray(cfg.resources)
-    check_cluster([cfg], args.file)
+    mlflow_ready = warm_up(uri)  # while Ray starts, or the in-process server builds its clients
+    r = cfg.resources
+    runner = None
+    if runs_in_process(cfg):
+        print(f"running the server and its {cfg.num_clients} clients in this process (a layout of one process on this "
+              f"machine: no Ray) ...")
+        runner = InProcessRunner(cfg)
+        runner.start()
+    else:
+        connect_ray(cfg.resources)
+        check_cluster([cfg], args.file)
     mlflow_ready.join()
     logger = RunLogger(uri, ensure_experiment(uri, cfg.tracking.experiment), cfg, run_name=cfg.name)
     print(f"MLflow run {logger.run_id} in experiment '{cfg.tracking.experiment}' at {uri}")
-    r = cfg.resources
-    print(f"starting the server actor and {r.num_client_actors(cfg.num_clients)} client actor(s) for {cfg.num_clients} clients"
-          + (f" (a worker pool of {r.client_workers}, the server actor the first)" if r.client_workers else "") + " ...")
+    if runner is None:
+        print(f"starting the server actor and {r.num_client_actors(cfg.num_clients)} client actor(s) for {cfg.num_clients} "
+              f"clients" + (f" (a worker pool of {r.client_workers}, the server actor the first)" if r.client_workers else "") + " ...")
     bars: list = []  # created at round 0, once the actors are up
 
     def on_round(m: dict[str, float]) -> None:
@@ -95,7 +103,7 @@ def cmd_run(args) -> int:
             )
 
     try:
-        history = execute(cfg, logger, on_round)
+        history = execute(cfg, logger, on_round, runner=runner)
     finally:
         for bar in bars:
             bar.close()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Container, Iterator
 
 import ray
@@ -74,6 +73,9 @@ class ExperimentRunner:
     of equal resources (:meth:`actors.server.ServerActor.reset`), instead of starting new processes.
     """
 
+    #: Whether :meth:`rounds` may send the next call before reading the last (calls to an actor, not in this process).
+    pipelines = True
+
     def __init__(self, cfg: ExperimentConfig, trial_placement_group: PlacementGroup | None = None, start_timeout_s: float = 300):
         self.cfg = cfg
         self.start_timeout_s = start_timeout_s
@@ -85,7 +87,10 @@ class ExperimentRunner:
         self.clients_info: list[dict] = []
 
     def start(self) -> None:
+        """Start the actors (or take the warm ones of this trial process's last trial); nothing once started."""
         cfg = self.cfg
+        if self.server is not None:
+            return
         if self.own_pg:
             self.pg = placement_group(cfg.resources.bundles(cfg.num_clients), strategy=cfg.resources.placement_strategy.upper())
             try:
@@ -100,13 +105,13 @@ class ExperimentRunner:
         if not self.own_pg and _warm.get("key") == _warm_key(cfg, self.pg):
             self.server, self.client_actors = _warm.pop("server"), _warm.pop("client_actors")
             try:
-                ray.get(self.server.reset.remote(cfg), timeout=self.start_timeout_s)
+                self._ask("reset", cfg, timeout=self.start_timeout_s)
                 self.reused = True
             except ray.exceptions.RayError:  # it or a ClientActor died since: start anew
                 self._kill()
         if self.server is None:
             self._start_server()
-        self.clients_info = ray.get(self.server.clients_info.remote(), timeout=self.start_timeout_s)
+        self.clients_info = self._ask("clients_info", timeout=self.start_timeout_s)
 
     def _start_server(self) -> None:
         cfg = self.cfg
@@ -119,48 +124,53 @@ class ExperimentRunner:
             scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=0),
         ).remote(cfg, self.client_actors)
 
+    def _call(self, method: str, *args):
+        """Call ``method`` of the server; what :meth:`_reply` reads its reply from."""
+        return getattr(self.server, method).remote(*args)
+
+    def _reply(self, pending, timeout: float | None = None):
+        return ray.get(pending, timeout=timeout)
+
+    def _ask(self, method: str, *args, timeout: float | None = None):
+        """``method(*args)`` on the server, its reply awaited."""
+        return self._reply(self._call(method, *args), timeout)
+
     def rounds(self, start: int = 0, pipelined: bool = False, sync_after: Container[int] = ()) -> Iterator[dict[str, float]]:
-        """Rounds ``start`` (0: initial evaluation) to ``rounds``; each item carries ``wall_time_s`` since
-        the first training round of this run began.
+        """Rounds ``start`` (0: initial evaluation) to ``rounds``; each item carries ``wall_time_s``, the server's
+        seconds since the first training round of this run began.
 
-        ``pipelined``: round r + 1 is sent before round r's metrics are read, so the ServerActor never
-        waits for the driver (on one core that wait was 4% of a round) - except after the rounds in
-        ``sync_after``, where the caller acts on the actors (e.g. a checkpoint) before the next round.
-        A caller that inspects the actors between any two rounds leaves it off.
+        ``pipelined``: the server runs the rounds up to the next evaluation in one call (or to a round in
+        ``sync_after``, where the caller acts on the actors, e.g. a checkpoint), and the next such call is sent
+        before this one's metrics are read, so the ServerActor neither answers a call per round nor waits for the
+        driver (its MLflow writes at evaluations); the first training round is a call of its own, so that a user
+        sees it (``time_to_first_round_s``) when it ends. A caller that inspects the actors between any two
+        rounds leaves it off: one call per round.
         """
-        first = max(start, 1)
-        t0 = time.perf_counter()
-
-        def send(rnd: int) -> ray.ObjectRef:
-            nonlocal t0
-            if rnd == first:
-                t0 = time.perf_counter()
-            return self.server.step.remote(rnd)
-
-        sent = None  # the call of the next round, when already sent
-        for rnd in range(start, self.cfg.rounds + 1):
-            ref = sent if sent is not None else send(rnd)
+        clock_from = max(start, 1)
+        spans = round_spans(start, self.cfg.rounds, self.cfg.eval_rounds() | set(sync_after) if pipelined else None)
+        sent = None  # the call of the next span, when already sent
+        for i, (a, b) in enumerate(spans):
+            pending = sent if sent is not None else self._call("steps", a, b, clock_from)
             sent = None
-            if pipelined and rnd < self.cfg.rounds and rnd not in sync_after:
-                sent = send(rnd + 1)  # a no-op on the actor if round rnd diverged
-            metrics = ray.get(ref)
-            metrics["wall_time_s"] = time.perf_counter() - t0 if rnd else 0.0
-            yield metrics
-            if metrics.get("diverged"):
-                return
+            if pipelined and self.pipelines and i + 1 < len(spans) and b not in sync_after:
+                sent = self._call("steps", *spans[i + 1], clock_from)  # returns [] if round b diverged
+            for metrics in self._reply(pending):
+                yield metrics
+                if metrics.get("diverged"):
+                    return
 
     def checkpoint(self, rnd: int) -> dict:
-        return ray.get(self.server.checkpoint.remote(rnd))
+        return self._ask("checkpoint", rnd)
 
     def restore(self, checkpoint: dict) -> int:
         """Load a checkpoint into the started actors; returns the round to run next."""
-        return ray.get(self.server.restore.remote(checkpoint))
+        return self._ask("restore", checkpoint)
 
     def client_table(self) -> list[dict]:
-        return ray.get(self.server.client_table.remote())
+        return self._ask("client_table")
 
     def placement(self) -> list[dict]:
-        return ray.get(self.server.placement.remote())
+        return self._ask("placement")
 
     def _kill(self) -> None:
         for actor in [self.server, *self.client_actors]:
@@ -180,6 +190,59 @@ class ExperimentRunner:
             self.pg = None
 
 
+def round_spans(start: int, last: int, ends: set[int] | None) -> list[tuple[int, int]]:
+    """Rounds ``start`` to ``last`` as the (first, last) of each call: one round per call when ``ends`` is None,
+    else calls that end at each round of ``ends``, at the first training round (``max(start, 1)``) and at ``last``."""
+    if ends is None:
+        return [(r, r) for r in range(start, last + 1)]
+    cut = sorted(e for e in ends | {max(start, 1), last} if start <= e <= last)
+    return list(zip([start, *(e + 1 for e in cut)], cut))
+
+
+def runs_in_process(cfg: ExperimentConfig) -> bool:
+    """Whether ``fedsweep run`` runs ``cfg`` in the command's own process, not on Ray: a layout of one process (a
+    worker pool of one: no ClientActor, no GPU; the layout chosen for a stacked model, :func:`fedsweep.config.auto_layout`)
+    with no cluster to join (``ray_address``, ``$RAY_ADDRESS``). Such a run has nothing for Ray to place, and Ray's
+    start and stop took 4.4 s of a 9 s command here (docs/performance.md, section 8). A sweep always runs on Ray."""
+    r = cfg.resources
+    return not r.address() and r.num_client_actors(cfg.num_clients) == 0 and not r.client_gpus and not r.cluster_gpus
+
+
+class InProcessRunner(ExperimentRunner):
+    """:class:`actors.server.ExperimentServer` (the ServerActor's class) in this process (:func:`runs_in_process`):
+    the same calls, answered at once; the torch thread count it sets is restored at :meth:`stop`."""
+
+    pipelines = False
+
+    def __init__(self, cfg: ExperimentConfig):
+        super().__init__(cfg)
+        self.own_pg = False
+        self.threads = 0
+
+    def start(self) -> None:
+        import torch
+
+        from actors.server import ExperimentServer
+
+        if self.server is None:
+            self.threads = torch.get_num_threads()
+            self.server = ExperimentServer(self.cfg, [])
+            self.clients_info = self.server.clients_info()
+
+    def _call(self, method: str, *args):
+        return getattr(self.server, method)(*args)
+
+    def _reply(self, pending, timeout: float | None = None):
+        return pending
+
+    def stop(self, keep_warm: bool = False) -> None:
+        import torch
+
+        if self.server is not None:
+            self.server = None
+            torch.set_num_threads(self.threads)
+
+
 def execute(
     cfg: ExperimentConfig,
     logger: RunLogger | None,
@@ -188,21 +251,25 @@ def execute(
     checkpoint_every: int = 0,
     on_checkpoint: Callable[[dict[str, float], dict], None] | None = None,
     resume: dict | None = None,
+    runner: ExperimentRunner | None = None,
 ) -> list[dict[str, float]]:
     """Run ``cfg`` to the end: every round is logged to MLflow, every round is passed to ``on_round``.
 
     Every ``checkpoint_every`` rounds (after logging) ``on_checkpoint(metrics, checkpoint)`` is called
     instead of ``on_round``; ``resume`` (such a checkpoint) restarts after its round, and rounds the
     logger already holds are not logged twice. The MLflow run ends FINISHED, or FAILED with outcome
-    ``diverged`` (non-finite global model) or ``error``; the exception is re-raised.
+    ``diverged`` (non-finite global model) or ``error``; the exception is re-raised. ``runner``: the one to
+    use (e.g. an :class:`InProcessRunner`, possibly started already), else a new :class:`ExperimentRunner`.
     """
-    runner = ExperimentRunner(cfg, trial_placement_group)
+    runner = runner or ExperimentRunner(cfg, trial_placement_group)
     history: list[dict[str, float]] = []
     finished = ended_cleanly = False
     try:
         runner.start()
         if logger and runner.reused:
             logger.client.set_tag(logger.run_id, f"{TAG_PREFIX}warm_actors", "true")  # no process start: timings differ
+        if logger and isinstance(runner, InProcessRunner):
+            logger.client.set_tag(logger.run_id, f"{TAG_PREFIX}in_process", "true")  # no Ray: timings differ
         start = runner.restore(resume) if resume is not None else 0
         checkpoint_rounds = range(checkpoint_every, cfg.rounds, checkpoint_every) if on_checkpoint and checkpoint_every else ()
         for metrics in runner.rounds(start, pipelined=True, sync_after=checkpoint_rounds):

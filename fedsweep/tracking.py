@@ -205,8 +205,8 @@ class RunLogger:
             self.flush()
             if placement:
                 self.client.log_dict(self.run_id, placement, "placement.json")
-                nodes = {row["node_id"] for row in placement if row["node_id"]}
-                self.client.set_tag(self.run_id, f"{TAG_PREFIX}nodes", str(len(nodes)))
+                if nodes := {row["node_id"] for row in placement if row["node_id"]}:  # none: run in the command's process
+                    self.client.set_tag(self.run_id, f"{TAG_PREFIX}nodes", str(len(nodes)))
             if client_rows and self.cfg.tracking.log_client_table:
                 import pandas as pd
 

@@ -3,14 +3,15 @@ placed in its placement group, and FedAvg still equal to centralized gradient de
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
 import pytest
 import torch
 
-from fedsweep.config import validate
-from fedsweep.experiment import ExperimentRunner, execute
+from fedsweep.config import auto_layout, validate
+from fedsweep.experiment import ExperimentRunner, InProcessRunner, execute, round_spans, runs_in_process
 from fedsweep.federation import run_local
 from tests.conftest import config_dict
 from tests.test_federation import centralized_gd, gd_config
@@ -71,6 +72,36 @@ def test_actor_path_matches_in_process_and_repeats_exactly(ray_session):
         first[-1]["personalized_accuracy_weighted"]
     )
     assert sum(r["times_trained"] for r in table) == 4 * 2  # ceil(0.6 × 3) = 2 per round
+
+
+def test_a_one_process_layout_runs_in_process_with_the_actor_paths_numbers(ray_session):
+    """The layout chosen for a file without one (here: a worker pool of one, clients stacked) is one process:
+    ``fedsweep run`` runs the ServerActor's class in its own process. Same numbers, clients and table as the
+    ServerActor on Ray; the process's torch thread count comes back after the run."""
+    raw = config_dict(algorithm={"participation_rate": 0.6}, rounds=5, eval_every=2)
+    cfg = validate(auto_layout({**raw, "resources": {}}, cpus=2))
+    assert cfg.resources.client_workers == 1 and cfg.resources.vectorize_clients and runs_in_process(cfg)
+    on_ray, params, info, table = run_actors(cfg)
+    threads = torch.get_num_threads()
+    runner = InProcessRunner(cfg)
+    history = execute(cfg, logger=None, runner=runner)
+    assert torch.get_num_threads() == threads and runner.server is None
+    assert strip_time(history) == strip_time(on_ray)
+    here = InProcessRunner(cfg)
+    try:
+        here.start()
+        assert strip_time(list(here.rounds(pipelined=True))) == strip_time(on_ray)
+        assert here.client_table() == table and torch.equal(torch.tensor(here.server.global_params()), params)
+        assert [(i["client_id"], i["device"]) for i in here.clients_info] == [(i["client_id"], i["device"]) for i in info]
+        (row,) = here.placement()  # this process (its node: this test's Ray node; None where no Ray runs)
+        assert row == {"process": "server", "node_id": ray_session.get_runtime_context().get_node_id(), "pid": os.getpid(),
+                       "clients": [0, 1, 2], "channel": None}
+    finally:
+        here.stop()
+    # Anything with a process to place, or a cluster to join, runs on Ray.
+    for resources in ({"server_cpus": 0.2, "client_cpus": 0.1}, {"client_workers": 2, "client_cpus": 0.5},
+                      {"client_workers": 1, "ray_address": "127.0.0.1:6379"}):
+        assert not runs_in_process(validate(config_dict(resources={"_replace": True, **resources}))), resources
 
 
 @pytest.mark.parametrize("vectorize", [False, True])
@@ -136,6 +167,15 @@ def test_the_round_sent_ahead_of_a_diverged_one_does_nothing(ray_session):
     diverged = len(history) - 1
     assert history[-1].get("diverged") == 1.0 and diverged < 6
     assert sum(r["times_trained"] for r in table) == diverged * 2  # ceil(0.6 × 3) = 2 a round
+
+
+def test_pipelined_rounds_reach_the_server_actor_one_call_per_evaluation_interval():
+    """Round 0, round 1 (so that a user sees it end), then each call up to the next evaluation or checkpoint
+    round; a resumed run starts its calls at its first round; unpipelined, one call per round."""
+    evaluations = {0, 10, 20, 25}
+    assert round_spans(0, 25, evaluations | {5, 15}) == [(0, 0), (1, 1), (2, 5), (6, 10), (11, 15), (16, 20), (21, 25)]
+    assert round_spans(7, 25, evaluations) == [(7, 7), (8, 10), (11, 20), (21, 25)]
+    assert round_spans(0, 2, None) == [(0, 0), (1, 1), (2, 2)]
 
 
 def test_pipelined_rounds_wait_for_a_checkpoint(ray_session):

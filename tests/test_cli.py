@@ -160,6 +160,25 @@ def test_run_command_logs_one_run_with_progress(tmp_path):
     assert [m.step for m in c.get_metric_history(runs[0].info.run_id, "global_accuracy")] == [0, 1, 2, 3]
 
 
+def test_run_command_runs_a_one_process_layout_in_its_own_process(tmp_path):
+    """A file without a layout, a stacked model: the chosen layout is one process, which `fedsweep run` runs
+    itself, starting no Ray; every round in MLflow, the run tagged, the time to the first round logged."""
+    from mlflow import MlflowClient
+
+    path = tmp_path / "here.yaml"
+    path.write_text(yaml.safe_dump({**config_dict(rounds=3, eval_every=2, tracking={"experiment": "cli-here"}), "resources": {}}))
+    r = fedsweep("run", str(path), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "in this process" in r.stdout and "Started a local Ray instance" not in r.stderr
+    c = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (run,) = c.search_runs([c.get_experiment_by_name("cli-here").experiment_id])
+    assert run.info.status == "FINISHED" and run.data.tags["fedsweep.in_process"] == "true"
+    assert run.data.params["resources.client_workers"] == "1" and run.data.params["resources.vectorize_clients"] == "True"
+    assert [m.step for m in c.get_metric_history(run.info.run_id, "uploads")] == [0, 1, 2, 3]
+    assert [m.step for m in c.get_metric_history(run.info.run_id, "global_accuracy")] == [0, 2, 3]
+    assert run.data.metrics["time_to_first_round_s"] > 0
+
+
 def test_algorithms_lists_parameters_with_aliases(tmp_path):
     r = fedsweep("algorithms", cwd=tmp_path)
     assert r.returncode == 0
