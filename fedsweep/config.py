@@ -858,8 +858,8 @@ def auto_layout(raw: dict, cpus: int) -> dict:
 
     Either way no process per client: one actor per client cost 2.55× the in-process time on one CPU, and each
     process start about 2.3 s of imports here. A layout of one process (the first rule) is one ``fedsweep run`` runs
-    in its own process, without Ray (:func:`fedsweep.experiment.runs_in_process`). Returns ``raw`` with the fields filled in, or unchanged when it
-    gives any of them (``vectorize_clients`` given is kept)."""
+    in its own process, without Ray (:func:`fedsweep.experiment.runs_in_process`). Returns ``raw`` with the fields
+    filled in, or unchanged when it gives any of them (``vectorize_clients`` given is kept)."""
     resources = raw.get("resources", {})
     if not isinstance(resources, dict) or any(f in resources for f in LAYOUT_FIELDS):
         return raw
