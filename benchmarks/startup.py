@@ -27,18 +27,6 @@ T0 = time.perf_counter()
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-FILE = """\
-name: peer
-seed: 0
-data: {dataset: synthetic, num_clients: 20, alpha: 0.5, beta: 0.5, max_samples_per_client: 500}
-model: {name: mlp, hidden: [20]}
-algorithm: {name: fedavg, local_lr: 0.05, participation_rate: 0.5, local_steps: 10, batch_size: 20}
-rounds: 50
-eval_every: 10
-tracking: {experiment: peer, tracking_uri: "sqlite:///DB"}
-"""
-
-
 VARIANTS = ("on Ray", "sequential", "in process")
 
 
@@ -103,7 +91,10 @@ def main() -> int:
     if args.worker:
         print(json.dumps(worker(args.worker, args.variant)))
         return 0
+    import yaml
+
     from benchmarks._harness import measure
+    from benchmarks.pfl_peer import SINGLE, experiment  # the peer workload, as its benchmark runs it
 
     folder = Path(tempfile.mkdtemp(prefix="fedsweep-startup-"))
     runs: dict[str, list[dict]] = {v: [] for v in VARIANTS}
@@ -112,7 +103,7 @@ def main() -> int:
             path = Path(args.file) if args.file else folder / "run.yaml"
             if not args.file:
                 db = folder / (f"mlflow-{variant.replace(' ', '-')}{rep}.db" if args.fresh_store else "mlflow.db")
-                path.write_text(FILE.replace("DB", str(db)))
+                path.write_text(yaml.safe_dump(experiment(50, *SINGLE, "default", db)))
             runs[variant].append(measure(__file__, "0,1", [str(path), "--variant", variant]))
             print(f"  rep {rep + 1} {variant}: {runs[variant][-1]}", flush=True)
     print("\nseconds since the interpreter started, median of the repetitions (and the step's own share):")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Container, Iterator
+from contextlib import ExitStack
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
@@ -210,22 +211,21 @@ def runs_in_process(cfg: ExperimentConfig) -> bool:
 
 class InProcessRunner(ExperimentRunner):
     """:class:`actors.server.ExperimentServer` (the ServerActor's class) in this process (:func:`runs_in_process`):
-    the same calls, answered at once; the torch thread count it sets is restored at :meth:`stop`."""
+    the same calls, answered at once; this process's torch thread count is :data:`fedsweep.federation.COMPUTE_THREADS`
+    from :meth:`start` to :meth:`stop` (:func:`fedsweep.federation.compute_threads`), as in an actor."""
 
     pipelines = False
 
     def __init__(self, cfg: ExperimentConfig):
         super().__init__(cfg)
-        self.own_pg = False
-        self.threads = 0
+        self.threads = ExitStack()  # undone at stop
 
     def start(self) -> None:
-        import torch
-
         from actors.server import ExperimentServer
+        from fedsweep.federation import compute_threads
 
         if self.server is None:
-            self.threads = torch.get_num_threads()
+            self.threads.enter_context(compute_threads())
             self.server = ExperimentServer(self.cfg, [])
             self.clients_info = self.server.clients_info()
 
@@ -236,11 +236,8 @@ class InProcessRunner(ExperimentRunner):
         return pending
 
     def stop(self, keep_warm: bool = False) -> None:
-        import torch
-
-        if self.server is not None:
-            self.server = None
-            torch.set_num_threads(self.threads)
+        self.server = None
+        self.threads.close()
 
 
 def execute(
