@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test ui clean test-services
+.PHONY: setup demo test lint ui clean test-services
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -30,8 +30,12 @@ test-services:
 	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && apt-get update -qq && \
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver postgresql >/dev/null; } || true
 
+# ruff with the rules of pyproject.toml's [tool.ruff]; `make test` (and so .ci/run) runs it first.
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
 # pytest exits 5 when it collects no test; that is a failure here, as is any other non-zero code.
-test: $(STAMP) test-services
+test: $(STAMP) lint test-services
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 ui: $(STAMP)

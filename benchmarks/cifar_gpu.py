@@ -29,8 +29,8 @@ import numpy as np
 import ray
 import torch
 
-from fedsweep.config import validate
 from fedsweep.experiment import ExperimentRunner
+from fedsweep.loading import validate
 
 
 def stand_in_cifar10(root: Path) -> None:

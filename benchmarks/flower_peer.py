@@ -41,7 +41,7 @@ EVAL_EVERY = 10
 
 
 def config(args, clients_per_actor: int = 1, vectorize: bool = False):
-    from fedsweep.config import validate
+    from fedsweep.loading import validate
 
     actors = -(-args.clients // clients_per_actor)
     return validate(
@@ -94,12 +94,12 @@ def worker_flower(args) -> dict:
     from flwr.simulation import run_simulation
 
     from fedsweep.data import build_federated_dataset
-    from fedsweep.federation import Client, Server
+    from fedsweep.federation import Client, Server, Setup
 
     t0 = time.perf_counter()
     cfg = config(args)
     ds = build_federated_dataset(cfg.data)
-    initial = Server(cfg, ds.num_features, ds.num_classes).params.numpy()
+    initial = Server.of(cfg, ds.num_features, ds.num_classes).params.numpy()
     clients: dict[int, Client] = {}  # per ClientApp worker process, built once
     out: dict = {}
 
@@ -110,7 +110,7 @@ def worker_flower(args) -> dict:
         torch.set_num_threads(1)  # as in fedsweep's actors
         cid = int(context.node_config["partition-id"])
         if cid not in clients:
-            clients[cid] = Client(cid, ds.clients[cid], cfg, ds.num_features, ds.num_classes)
+            clients[cid] = Client(cid, ds.clients[cid], Setup.of(cfg, ds.num_features, ds.num_classes))
         params = msg.content["arrays"].to_numpy_ndarrays()[0]
         reply = clients[cid].train({"params": params}, int(msg.content["config"]["server-round"]))
         content = RecordDict(

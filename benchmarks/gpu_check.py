@@ -25,8 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import ray
 import torch
 
-from fedsweep.config import check_fits, validate
+from fedsweep.checks import check_fits
 from fedsweep.experiment import ExperimentRunner
+from fedsweep.loading import validate
 
 WORKLOADS = {
     # The embedded default's model: tiny, so a GPU can only add transfer and launch costs.

@@ -27,7 +27,7 @@ from benchmarks._harness import measure
 
 
 def config(clients: int, k: int):
-    from fedsweep.config import validate
+    from fedsweep.loading import validate
 
     actors = -(-clients // k)
     return validate(
@@ -122,7 +122,8 @@ def main() -> int:
         print(json.dumps(worker(args)))
         return 0
 
-    from fedsweep.config import ConfigError, check_resources
+    from fedsweep.checks import check_resources
+    from fedsweep.config import ConfigError
 
     try:
         check_resources([config(args.clients, 1)], "memory")

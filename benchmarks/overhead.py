@@ -43,7 +43,7 @@ from benchmarks._harness import median, print_ratios, ratios, repeat, timed_acto
 
 def config(args, cpus: float = 1.0, clients_per_actor: int = 1, vectorize: bool = False, client_workers: int = 0,
            pool_channel: str = "socket"):
-    from fedsweep.config import validate
+    from fedsweep.loading import validate
 
     actors = client_workers or -(-args.clients // clients_per_actor)
     server_cpus = 0.2
@@ -67,7 +67,8 @@ def config(args, cpus: float = 1.0, clients_per_actor: int = 1, vectorize: bool 
 
 
 def worker_local(args) -> dict:
-    from fedsweep.federation import compute_threads, local_federation
+    from fedsweep.engine import local_federation
+    from fedsweep.federation import compute_threads
 
     with compute_threads():  # as in every actor
         t0 = time.perf_counter()

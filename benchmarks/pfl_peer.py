@@ -80,9 +80,9 @@ def export(folder: Path, rounds: int) -> None:
     import numpy as np
     import torch
 
-    from fedsweep.config import validate
     from fedsweep.data import build_federated_dataset
-    from fedsweep.federation import _TRAIN, Client, Server
+    from fedsweep.federation import _TRAIN, Client, Server, Setup
+    from fedsweep.loading import validate
 
     cfg = validate(experiment(rounds, SINGLE[0], 0, "default", folder / "unused.db"))
     ds = build_federated_dataset(cfg.data)
@@ -95,13 +95,13 @@ def export(folder: Path, rounds: int) -> None:
     hp = cfg.algorithm
     for seed in SEEDS:
         c = cfg.model_copy(update={"seed": seed})
-        server = Server(c, ds.num_features, ds.num_classes)
-        clients = [Client(i, d, c, ds.num_features, ds.num_classes) for i, d in enumerate(ds.clients)]
+        server = Server.of(c, ds.num_features, ds.num_classes)
+        clients = [Client(i, d, Setup.of(c, ds.num_features, ds.num_classes)) for i, d in enumerate(ds.clients)]
         sampled = np.array([server.sample(t) for t in range(1, rounds + 1)])
         batches = np.empty((rounds, sampled.shape[1], hp.local_steps * hp.batch_size), dtype=np.int64)
         for t in range(rounds):
             for j, i in enumerate(sampled[t]):
-                ctx = clients[i]._context(t + 1, _TRAIN)  # the training stream, as Client.train draws it
+                ctx = clients[i].context(t + 1, _TRAIN)  # the training stream, as Client.train draws it
                 n = clients[i].data.num_train
                 batches[t, j] = torch.cat([torch.randperm(n, generator=ctx.generator)[:hp.batch_size]
                                            for _ in range(hp.local_steps)]).numpy()

@@ -13,8 +13,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from fedsweep.config import load_sweep
-from fedsweep.federation import compute_threads, local_federation
+from fedsweep.engine import local_federation
+from fedsweep.federation import compute_threads
+from fedsweep.loading import load_sweep
 
 
 def main() -> None:

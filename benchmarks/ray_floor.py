@@ -26,7 +26,8 @@ from benchmarks._harness import repeat
 
 def worker(args) -> dict:
     from benchmarks.overhead import config
-    from fedsweep.federation import compute_threads, local_federation
+    from fedsweep.engine import local_federation
+    from fedsweep.federation import compute_threads
 
     server, pool = local_federation(config(argparse.Namespace(clients=20, rounds=args.rounds, hidden=[20]), clients_per_actor=20))
 

@@ -37,7 +37,7 @@ LAYOUTS = {
 
 
 def config(clients: int, hidden: list[int], layout: str):
-    from fedsweep.config import validate
+    from fedsweep.loading import validate
 
     return validate(
         {

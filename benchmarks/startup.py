@@ -38,7 +38,7 @@ def worker(path: str, variant: str) -> dict:
 
     import fedsweep.cli  # noqa: F401 - what the command imports first
     mark("import fedsweep")
-    from fedsweep.config import load_experiment
+    from fedsweep.loading import load_experiment
 
     cfg = load_experiment(path)
     mark("file read and checked")

@@ -57,7 +57,7 @@ def write_sweep(rounds: int) -> Path:
 
 
 def worker_sweep(args) -> dict:
-    from fedsweep.config import load_sweep
+    from fedsweep.loading import load_sweep
     from fedsweep.sweep import run_sweep
 
     sweep = load_sweep(write_sweep(args.rounds))
@@ -70,8 +70,8 @@ def worker_sweep(args) -> dict:
 def worker_single(args) -> dict:
     import ray
 
-    from fedsweep.config import load_sweep
     from fedsweep.experiment import connect_ray, execute
+    from fedsweep.loading import load_sweep
     from fedsweep.tracking import RunLogger, ensure_experiment, resolve_tracking_uri
 
     sweep = load_sweep(write_sweep(args.rounds))

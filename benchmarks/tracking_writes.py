@@ -32,8 +32,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
 
-    from fedsweep.config import validate
-    from fedsweep.federation import run_local
+    from fedsweep.engine import run_local
+    from fedsweep.loading import validate
     from fedsweep.tracking import RunLogger, client, ensure_experiment
 
     cfg = validate({"data": {"dataset": "synthetic", "num_clients": 20}, "model": {"name": "mlr"}, "rounds": args.rounds,

@@ -34,7 +34,7 @@ def worker(args) -> dict:
     import torch
 
     from fedsweep.config import ExperimentConfig
-    from fedsweep.federation import run_local
+    from fedsweep.engine import run_local
 
     torch.set_num_threads(1)
     cfg = ExperimentConfig.model_validate({

@@ -30,8 +30,10 @@ def save(checkpoint: dict, storage: Storage, folder: str, extra: dict[str, Any] 
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
     storage.write_bytes(posixpath.join(folder, ARRAYS), buffer.getvalue())
-    meta = {key: checkpoint[key] for key in ("round", "uploads", "downloads")}
+    meta = {key: checkpoint[key] for key in ("round", "floats_up", "floats_down")}
     meta["times_trained"] = times_trained
+    # a state with no arrays ({}: FedAvg's) is a state, not None (not yet trained)
+    meta["stateful"] = sorted(int(c) for c, (state, _) in checkpoint["clients"].items() if state is not None)
     storage.write_bytes(posixpath.join(folder, META), json.dumps({**meta, "extra": extra or {}}).encode())
 
 
@@ -48,13 +50,14 @@ def load(storage: Storage, folder: str) -> tuple[dict, dict[str, Any]]:
                 server_state[parts[1]] = z[key]
             elif parts[0] == "client":
                 clients.setdefault(int(parts[1]), {})[parts[2]] = z[key]
+    stateful = set(meta.get("stateful", ()))
     checkpoint = {
         "round": meta["round"],
         "params": params,
         "server_state": server_state,
-        "uploads": meta["uploads"],
-        "downloads": meta["downloads"],
-        "clients": {int(c): (clients.get(int(c)), n) for c, n in meta["times_trained"].items()},
+        "floats_up": meta["floats_up"],
+        "floats_down": meta["floats_down"],
+        "clients": {int(c): (clients.get(int(c), {} if int(c) in stateful else None), n) for c, n in meta["times_trained"].items()},
     }
     return checkpoint, meta["extra"]
 

@@ -27,7 +27,7 @@ def _print_problems(err: ConfigError) -> int:
 def _tracking_uri(configured: str | None) -> str | None:
     """The store a command reads (``--tracking-uri``, else $MLFLOW_TRACKING_URI, else ./mlflow.db); None,
     after saying why, when it cannot be one."""
-    from fedsweep.config import tracking_uri_problem
+    from fedsweep.checks import tracking_uri_problem
     from fedsweep.tracking import resolve_tracking_uri
 
     uri = resolve_tracking_uri(configured)
@@ -39,7 +39,7 @@ def _tracking_uri(configured: str | None) -> str | None:
 
 def cmd_validate(args) -> int:
     """Every file is checked (one Python start for all, e.g. ``fedsweep validate sweeps/*.yaml``); exit 2 if any is bad."""
-    from fedsweep.config import load_sweep
+    from fedsweep.loading import load_sweep
 
     code = 0
     for file in args.files:
@@ -59,8 +59,8 @@ def cmd_run(args) -> int:
     import psutil
     from tqdm import tqdm
 
-    from fedsweep.config import load_experiment
     from fedsweep.experiment import InProcessRunner, check_cluster, connect_ray, execute, runs_in_process
+    from fedsweep.loading import load_experiment
     from fedsweep.tracking import RunLogger, ensure_experiment, resolve_tracking_uri, warm_up
 
     cfg = load_experiment(args.file)
@@ -114,7 +114,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from fedsweep.config import load_sweep
+    from fedsweep.loading import load_sweep
     from fedsweep.sweep import run_sweep
     from fedsweep.table import best_settings, diverged_settings, load_runs, to_markdown
     from fedsweep.tracking import resolve_tracking_uri

@@ -9,7 +9,8 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from fedsweep.config import ConfigError, ExperimentConfig, ResourcesConfig, check_fits, local_cpus
+from fedsweep.checks import check_fits, local_cpus, raise_problems
+from fedsweep.config import ExperimentConfig, ResourcesConfig
 from fedsweep.tracking import STOPPED_EARLY, TAG_PREFIX, RunLogger
 
 
@@ -28,29 +29,11 @@ def connect_ray(resources: ResourcesConfig) -> None:
 
 
 def check_cluster(configs: list[ExperimentConfig], where: str) -> None:
-    """After connecting and before any MLflow run: every trial's placement group must fit the cluster."""
+    """After connecting and before any MLflow run: every trial's placement group must fit the cluster, by the
+    check made before connecting (:func:`fedsweep.checks.check_fits`), with the cluster's live nodes."""
     total = ray.cluster_resources()
     nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
-    problems: list[str] = []
-    for cfg in configs:
-        for p in check_fits(cfg, total.get("CPU", 0.0), total.get("GPU", 0.0), None, where) + _bundle_problems(cfg, nodes, where):
-            if p not in problems:
-                problems.append(p)
-    if problems:
-        raise ConfigError(problems)
-
-
-def _bundle_problems(cfg: ExperimentConfig, nodes: list[dict[str, float]], where: str) -> list[str]:
-    """On a cluster of several nodes, a bundle larger than every node would wait forever, though the sum fits."""
-    problems = []
-    server, *clients = cfg.resources.bundles(cfg.num_clients)
-    for holder, bundle in (("server", server), ("client", clients[0] if clients else {})):
-        for kind in bundle:
-            largest = max((n.get(kind, 0.0) for n in nodes), default=0.0)
-            if bundle[kind] > largest + 1e-9:
-                problems.append(f"{where}: resources.{holder}_{kind.lower()}s: a bundle of {bundle[kind]:g} {kind} fits on no node of this "
-                                f"cluster (the largest has {largest:g}); allowed: <= {largest:g}")
-    return problems
+    raise_problems([p for cfg in configs for p in check_fits(cfg, total.get("CPU", 0.0), total.get("GPU", 0.0), None, where, nodes)])
 
 
 # Inside a Tune trial: the ServerActor (and its ClientActors) the last trial of this process finished
@@ -202,9 +185,9 @@ def round_spans(start: int, last: int, ends: set[int] | None) -> list[tuple[int,
 
 def runs_in_process(cfg: ExperimentConfig) -> bool:
     """Whether ``fedsweep run`` runs ``cfg`` in the command's own process, not on Ray: a layout of one process (a
-    worker pool of one: no ClientActor, no GPU; the layout chosen for a stacked model, :func:`fedsweep.config.auto_layout`)
+    worker pool of one: no ClientActor, no GPU; the layout chosen for a stacked model, :func:`fedsweep.layout.auto_layout`)
     with no cluster to join (``ray_address``, ``$RAY_ADDRESS``). Such a run has nothing for Ray to place, and Ray's
-    start and stop took 4.4 s of a 9 s command here (docs/performance.md, section 8). A sweep always runs on Ray."""
+    start and stop dominated such a command (docs/performance.md, section 8). A sweep always runs on Ray."""
     r = cfg.resources
     return not r.address() and r.num_client_actors(cfg.num_clients) == 0 and not r.client_gpus and not r.cluster_gpus
 

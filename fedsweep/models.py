@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Literal
 
 import torch
@@ -89,6 +90,104 @@ def parameter_count(cfg: ModelConfig, num_features: int, num_classes: int) -> in
         return sum(p.numel() for p in build_model(cfg, num_features, num_classes).parameters())
 
 
+#: Module types whose parameters form the ``norm`` group of a :class:`ParamLayout` (FedBN keeps them local).
+NORM_LAYERS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.LayerNorm, nn.GroupNorm)
+
+
+class ParamLayout:
+    """Where each named parameter lies in the flat vector, and named groups of them.
+
+    ``slices[name]`` is the parameter's slice of the vector; a group is a tuple of parameter names. The default
+    groups: ``head`` (the parameters of the last layer: the classifier), ``body`` (the rest: the representation
+    r_w(x)) and ``norm`` (the parameters of normalization layers; empty for models without any).
+    :meth:`regroup` builds another split from layer names (prefixes of parameter names).
+
+    Every method works on the last dimension, so a stacked matrix of client rows (:mod:`.algorithms.stacked`)
+    is handled as one vector; a group whose parameters are contiguous in the vector (``head`` and ``body`` are)
+    is read as a view, without a copy.
+    """
+
+    def __init__(self, names: list[str], numels: list[int], groups: dict[str, tuple[str, ...]]):
+        self.names = tuple(names)
+        self.numel = sum(numels)
+        offsets = [0]
+        for n in numels:
+            offsets.append(offsets[-1] + n)
+        self.slices = {name: slice(a, b) for name, a, b in zip(names, offsets, offsets[1:])}
+        unknown = sorted({n for g in groups.values() for n in g} - set(names))
+        if unknown:
+            raise ValueError(f"unknown parameters {unknown}; allowed: {list(names)}")
+        self.groups = {k: tuple(n for n in names if n in set(v)) for k, v in groups.items()}
+        self._index: dict[str, torch.Tensor | slice] = {}
+
+    def regroup(self, **layers: list[str]) -> ParamLayout:
+        """This layout with groups given by layer names: a parameter belongs to group ``g`` when its name is
+        ``layers[g]``'s entry or starts with it followed by a dot (``"2"`` holds ``"2.weight"`` and ``"2.bias"``)."""
+        groups = dict(self.groups)
+        if "head" in layers and "body" not in layers:  # the body is what the head is not
+            head = {n for n in self.names if any(n == p or n.startswith(p + ".") for p in layers["head"])}
+            groups["body"] = tuple(n for n in self.names if n not in head)
+        for group, prefixes in layers.items():
+            groups[group] = tuple(n for n in self.names if any(n == p or n.startswith(p + ".") for p in prefixes))
+            unmatched = [p for p in prefixes if not any(n == p or n.startswith(p + ".") for n in self.names)]
+            if unmatched:
+                raise ValueError(f"layers {unmatched} name no parameter; allowed: {list(self.names)}")
+        numels = [self.slices[n].stop - self.slices[n].start for n in self.names]
+        return ParamLayout(list(self.names), numels, groups)
+
+    def index(self, group: str) -> torch.Tensor | slice:
+        """The group's positions in the vector: a slice when they are contiguous (or the group is empty), else
+        an index tensor."""
+        if group not in self._index:
+            parts = [self.slices[n] for n in self.groups[group]]
+            if not parts:
+                self._index[group] = slice(0, 0)
+            elif all(a.stop == b.start for a, b in itertools.pairwise(parts)):
+                self._index[group] = slice(parts[0].start, parts[-1].stop)
+            else:
+                self._index[group] = torch.cat([torch.arange(p.start, p.stop) for p in parts])
+        return self._index[group]
+
+    def size(self, group: str) -> int:
+        return sum(self.slices[n].stop - self.slices[n].start for n in self.groups[group])
+
+    def select(self, vector: torch.Tensor, group: str) -> torch.Tensor:
+        """The group's entries of ``vector`` (its last dimension): a view when contiguous."""
+        idx = self.index(group)
+        return vector[..., idx] if isinstance(idx, slice) else vector.index_select(-1, idx.to(vector.device))
+
+    def join(self, parts: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The vector whose groups' entries are ``parts`` (groups that together cover every parameter once)."""
+        first = next(iter(parts.values()))
+        out = first.new_empty((*first.shape[:-1], self.numel))
+        for group, values in parts.items():
+            idx = self.index(group)
+            out[..., idx if isinstance(idx, slice) else idx.to(out.device)] = values
+        return out
+
+    def merge(self, vector: torch.Tensor, group: str, values: torch.Tensor) -> torch.Tensor:
+        """A copy of ``vector`` whose ``group`` entries are ``values`` (as :meth:`select` returns them)."""
+        out = vector.clone()
+        idx = self.index(group)
+        out[..., idx if isinstance(idx, slice) else idx.to(vector.device)] = values
+        return out
+
+
+def default_layout(module: nn.Module) -> ParamLayout:
+    """``head``: the last layer's parameters; ``body``: the others; ``norm``: those of normalization layers."""
+    named = list(module.named_parameters())
+    names = [n for n, _ in named]
+    owners = {f"{m}.{p}" if m else p: mod for m, mod in module.named_modules() for p, _ in mod.named_parameters(recurse=False)}
+    last = names[-1].rsplit(".", 1)[0] if "." in names[-1] else ""
+    head = tuple(n for n in names if (n.rsplit(".", 1)[0] if "." in n else "") == last)
+    groups = {
+        "head": head,
+        "body": tuple(n for n in names if n not in head),
+        "norm": tuple(n for n in names if isinstance(owners[n], NORM_LAYERS)),
+    }
+    return ParamLayout(names, [p.numel() for _, p in named], groups)
+
+
 class FlatModel:
     """Calls a module with its parameters given as one flat vector.
 
@@ -105,9 +204,10 @@ class FlatModel:
         self.numel = sum(self.numels)
         linears = [m for m in module.modules() if isinstance(m, nn.Linear)]
         self.num_classes = linears[-1].out_features
+        #: The named parameters' places in the flat vector, grouped (``body``, ``head``, ``norm``).
+        self.layout = default_layout(module)
         # The representation r_w(x): everything before the last layer (the input itself for MLR).
         self._body = module[:-1] if isinstance(module, nn.Sequential) and len(module) > 1 else None
-        self._head_prefix = f"{len(module) - 1}." if self._body is not None else None
 
     def to(self, device: torch.device | str) -> FlatModel:
         self.module.to(device)
@@ -136,7 +236,7 @@ class FlatModel:
         """r_w(x), the model's input to its last layer."""
         if self._body is None:
             return x
-        params = {k: v for k, v in self.unflatten(vector).items() if not k.startswith(self._head_prefix)}
+        params = {k: v for k, v in self.unflatten(vector).items() if k not in self.layout.groups["head"]}
         return torch.func.functional_call(self._body, params, (x,))
 
     def __call__(self, vector: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

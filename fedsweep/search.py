@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from fedsweep.dotted import flatten
+
 #: The distributions a field may be drawn from, and what each takes.
 DISTRIBUTIONS = {
     "loguniform": "[low, high] with 0 < low < high",
@@ -71,8 +73,6 @@ def draw(node: Any, rng: np.random.Generator, path: tuple = ()) -> tuple[Any, di
         if kind == "choice":
             value, inner = draw(args[int(rng.integers(len(args)))], rng, path)
             if isinstance(value, dict):
-                from fedsweep.config import flatten
-
                 return value, {**flatten(value, ".".join(path) + "."), **inner}
         elif kind == "randint":
             value = int(rng.integers(args[0], args[1] + 1))
@@ -120,8 +120,6 @@ def substitute(value: Any, drawn: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     """``value`` with its i-th distribution replaced by ``drawn["d<i>"]`` (rounded as :func:`draw` rounds),
     and the values put in by dotted path."""
     import copy
-
-    from fedsweep.config import flatten
 
     out = copy.deepcopy(value)
     picked: dict[str, Any] = {}

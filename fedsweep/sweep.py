@@ -161,7 +161,7 @@ def setting_configs(config: dict[str, Any], points: list[tuple[Any, dict]], seed
                     file: str = "<sweep>") -> tuple[list[ExperimentConfig], dict[str, Any]]:
     """The configs (one per seed) and the overrides of the setting an Optuna study drew (``config`` as
     :class:`~fedsweep.optuna_search.PointwiseOptuna` suggests it)."""
-    from fedsweep.config import validate
+    from fedsweep.loading import validate
 
     value, fixed = points[config["point"]]
     drawn, picked = search.substitute(value, config["drawn"])
@@ -359,7 +359,7 @@ def run_sweep(sweep: Sweep, verbose: int = 1, resume: bool = False) -> dict[str,
                                            strategy=placed(spec).resources.placement_strategy.upper()),
     )
     # Tune's result files per trial: its CSV and JSON ones (what its ResultGrid reads), not its TensorBoard files,
-    # which cost the driver 0.9 s of CPU per 336 reports (docs/performance.md, section 8) for metrics MLflow holds.
+    # which cost the driver CPU on every report (docs/performance.md, section 8) for metrics MLflow holds.
     # TUNE_DISABLE_AUTO_CALLBACK_LOGGERS=0 brings them back.
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     callbacks = [*([_Progress(total)] if verbose else []), CSVLoggerCallback(), JsonLoggerCallback()]

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from fedsweep.algorithms import ALGORITHMS
-from fedsweep.config import ExperimentConfig, format_value
+from fedsweep.config import ExperimentConfig
+from fedsweep.dotted import format_value
 
 TAG_PREFIX = "fedsweep."
 PARENT_TAG = "mlflow.parentRunId"
@@ -52,8 +53,8 @@ def client(uri: str):
 def warm_up(uri: str) -> threading.Thread:
     """Import MLflow and open its store for ``uri`` in a thread of this process, creating no experiment and no run
     (a new SQLite store gets its tables): the store is kept per URI, so the run's own calls find it open. Started
-    before Ray (``connect_ray``) and joined before the first write, it overlaps the two start-ups (round 1 came
-    1.37 s sooner here, benchmarks/startup.py). A store that cannot be opened is reported by the first real call,
+    before Ray (``connect_ray``) and joined before the first write, it overlaps the two start-ups (docs/performance.md,
+    section 8, ``benchmarks/startup.py``). A store that cannot be opened is reported by the first real call,
     as without it."""
 
     def open_store() -> None:
@@ -173,7 +174,7 @@ class RunLogger:
 
     def log_round(self, metrics: dict[str, float]) -> None:
         """A round's metrics, held until the next evaluation round, which writes them all in one call (one
-        store round trip per evaluation interval instead of one per round: 10 ms a round on SQLite here);
+        store round trip per evaluation interval instead of one per round; docs/performance.md, section 5);
         :meth:`flush` writes them sooner (checkpoints), :meth:`finish` at the end and on failure."""
         from mlflow.entities import Metric
 
@@ -185,9 +186,9 @@ class RunLogger:
             if k not in _NOT_METRICS and v is not None and not (isinstance(v, float) and math.isnan(v))
         ]
         self.logged_through = step
-        if "global_accuracy" in metrics:
+        if "personalized_accuracy_mean" in metrics:  # an evaluation round
             self.history.append(metrics)
-        if "global_accuracy" in metrics or len(self.pending) >= _FLUSH_AT:
+        if "personalized_accuracy_mean" in metrics or len(self.pending) >= _FLUSH_AT:
             self.flush()
 
     def flush(self) -> None:
@@ -235,19 +236,21 @@ def accuracy_plot(history: list[dict[str, float]], title: str):
 
     rounds = [h["round"] for h in history]
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.fill_between(
-        rounds,
-        [h["personalized_accuracy_worst"] for h in history],
-        [h["personalized_accuracy_best"] for h in history],
-        alpha=0.15,
-        label="personalized, worst-best client",
-    )
+    if all("personalized_accuracy_worst" in h and "personalized_accuracy_best" in h for h in history):
+        ax.fill_between(
+            rounds,
+            [h["personalized_accuracy_worst"] for h in history],
+            [h["personalized_accuracy_best"] for h in history],
+            alpha=0.15,
+            label="personalized, worst-best client",
+        )
     for key, label in (
         ("personalized_accuracy_mean", "personalized, mean over clients"),
         ("personalized_accuracy_p10", "personalized, 10th percentile"),
         ("global_accuracy", "global model"),
     ):
-        ax.plot(rounds, [h[key] for h in history], marker="o", markersize=3, label=label)
+        if all(key in h for h in history):  # e.g. no global model: no global line
+            ax.plot(rounds, [h[key] for h in history], marker="o", markersize=3, label=label)
     ax.set_xlabel("round")
     ax.set_ylabel("test accuracy")
     ax.set_ylim(0, 1)

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from fedsweep.config import auto_layout, validate
+from fedsweep.engine import run_local
 from fedsweep.experiment import ExperimentRunner, InProcessRunner, execute, round_spans, runs_in_process
-from fedsweep.federation import run_local
+from fedsweep.layout import auto_layout
+from fedsweep.loading import validate
 from tests.conftest import config_dict
 from tests.test_federation import centralized_gd, gd_config
 
@@ -122,12 +123,12 @@ def test_packed_clients_give_the_same_numbers(ray_session, vectorize):
 
 
 def test_a_payload_rides_in_the_calls_when_small_and_is_put_once_when_large(ray_session):
-    from actors.server import INLINE_PAYLOAD_BYTES, RayPool
+    from actors.server import INLINE_PAYLOAD_BYTES, RayCalls
 
     small = {"params": np.zeros(INLINE_PAYLOAD_BYTES // 4, np.float32)}
     large = {"params": np.zeros(INLINE_PAYLOAD_BYTES // 4 + 1, np.float32)}
-    assert RayPool.broadcast(small) is small
-    assert isinstance(RayPool.broadcast(large), ray_session.ObjectRef)
+    assert RayCalls.broadcast(small) is small
+    assert isinstance(RayCalls.broadcast(large), ray_session.ObjectRef)
     # MLP 64-400-10: 30,010 parameters, 120 KB a broadcast: through the object store, the same numbers.
     cfg = validate(config_dict(model={"hidden": [400]}, algorithm={"participation_rate": 0.6}, rounds=2, eval_every=2))
     history, params, _, _ = run_actors(cfg)
@@ -213,7 +214,7 @@ def test_unsampled_clients_keep_their_state(ray_session, algorithm, clients_per_
             eval_every=4,
         )
     )
-    reference = Server(cfg, 64, 10)
+    reference = Server.of(cfg, 64, 10)
     runner = ExperimentRunner(cfg)
     try:
         runner.start()
@@ -323,21 +324,23 @@ def test_a_client_actor_restarted_after_a_reset_is_set_up_for_the_current_experi
     assert [(r["client_id"], r["num_train"], r["num_test"]) for r in table] == sizes(server_b.last_evals)
 
 
-def test_a_client_actor_restarted_in_its_first_experiment_gets_the_checkpointed_states_back(ray_session):
-    """Dead between calls, a ClientActor comes back empty, so the pool notices it (its next call is stale)
-    and loads its client's state from the last checkpoint instead of going on with a fresh one."""
+def test_a_client_actor_restarted_in_its_first_experiment_gets_its_clients_latest_states_back(ray_session):
+    """Dead between calls, a ClientActor comes back empty, so the pool notices it (its next call is stale) and
+    sends its client's latest state (the pool's copy of round 1's, not a checkpoint's) with the next call that
+    needs it, instead of going on with a fresh one."""
     _, b = _two_experiments()  # SCAFFOLD: every client keeps a control variate
     runner = ExperimentRunner(b)
     try:
         runner.start()
         rounds = runner.rounds()
-        next(rounds), next(rounds)  # rounds 0 and 1
-        runner.checkpoint(1)
-        _kill_a_client_actor_between_calls(ray_session, runner)
+        next(rounds), next(rounds)  # rounds 0 and 1 (clients 1 and 2 train in round 1)
+        _kill_a_client_actor_between_calls(ray_session, runner, row=1)  # client 1's: its state lived there
         history = list(rounds)
     finally:
         runner.stop()
-    assert sum(h["clients_restored"] for h in history) == 1  # client 0, one client per ClientActor
+    assert sum(h["clients_restored"] for h in history) == 1  # client 1, one client per ClientActor
+    unkilled = lambda h: [{k: v for k, v in m.items() if k not in ("wall_time_s", "clients_restored")} for m in h]
+    assert unkilled(history) == unkilled(run_local(b)[0][2:])  # nothing lost: the numbers of a run without the kill
 
 
 @pytest.mark.parametrize("resources", [{"clients_per_actor": 2}, {"client_workers": 2}])

@@ -16,8 +16,8 @@ from fedsweep.algorithms.perfedavg import meta_step
 from fedsweep.algorithms.pfedme import PFedMe, PFedMeParams, prox_solve
 from fedsweep.algorithms.pfldyn import PFLDyn, PFLDynParams
 from fedsweep.algorithms.transforms import proto_scores
-from fedsweep.config import validate
-from fedsweep.federation import run_local
+from fedsweep.engine import run_local
+from fedsweep.loading import validate
 from fedsweep.models import FlatModel, MLPConfig, MLRConfig, build_model
 from tests.conftest import config_dict
 
@@ -181,10 +181,10 @@ def test_dynamic_regularizer_server_recursion_two_clients(cls, params):
 def test_feddyn_client_gradient_state_recursion():
     cfg = cfg_for({"name": "feddyn", "regularization": 0.3, **COMMON}, rounds=1)
     from fedsweep.data import build_federated_dataset
-    from fedsweep.federation import Client, to_numpy
+    from fedsweep.federation import Client, Setup, to_numpy
 
     ds = build_federated_dataset(cfg.data)
-    client = Client(0, ds.clients[0], cfg, ds.num_features, ds.num_classes)
+    client = Client(0, ds.clients[0], Setup.of(cfg, ds.num_features, ds.num_classes))
     w_t = torch.randn(client.model.numel) * 0.1
     g_before = torch.randn(client.model.numel) * 0.01
     client.state = {"grad_state": g_before.clone()}
@@ -207,14 +207,15 @@ def test_fedprox_with_mu_zero_is_fedavg():
 def run_clients(cfg, rounds: int):
     """The round loop in process, keeping the clients (and their states) at hand."""
     from fedsweep.data import build_federated_dataset
-    from fedsweep.federation import Client, LocalPool, Server
+    from fedsweep.federation import Client, Server, Setup
+    from fedsweep.pool import ClientPool
 
     ds = build_federated_dataset(cfg.data)
-    server = Server(cfg, ds.num_features, ds.num_classes)
+    server = Server.of(cfg, ds.num_features, ds.num_classes)
     w0 = server.params.clone()
-    clients = [Client(i, d, cfg, ds.num_features, ds.num_classes) for i, d in enumerate(ds.clients)]
+    clients = [Client(i, d, Setup.of(cfg, ds.num_features, ds.num_classes)) for i, d in enumerate(ds.clients)]
     for rnd in range(1, rounds + 1):
-        server.train_round(LocalPool(clients), rnd)
+        server.train_round(ClientPool.of_clients(clients), rnd)
     return server, clients, w0
 
 
@@ -288,6 +289,8 @@ SETTINGS = {
     "ditto": {"name": "ditto", "personalization_lr": 0.05, "coupling": 0.1},
     "feddeper": {"name": "feddeper", "personalization_lr": 0.05},
 }
+# every registered algorithm takes part; one without a setting above runs with its defaults
+SETTINGS.update({name: {"name": name} for name in ALGORITHMS if name not in {s["name"] for s in SETTINGS.values()}})
 
 
 @pytest.fixture(scope="module")

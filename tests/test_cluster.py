@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fedsweep.config import load_sweep
-from fedsweep.federation import run_local
+from fedsweep.engine import run_local
+from fedsweep.loading import load_sweep
 from tests.conftest import config_dict
 from tests.ray_cluster import RayCluster
 

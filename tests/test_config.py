@@ -7,7 +7,10 @@ import textwrap
 import pytest
 import yaml
 
-from fedsweep.config import ConfigError, auto_layout, check_resources, load_experiment, load_sweep, validate
+from fedsweep.checks import check_fits, check_resources, raise_problems
+from fedsweep.config import ConfigError
+from fedsweep.layout import auto_layout
+from fedsweep.loading import load_experiment, load_sweep, validate
 from tests.conftest import config_dict
 
 
@@ -162,6 +165,22 @@ def test_resources_that_cannot_fit_the_cluster():
     msg = str(e.value)
     assert "resources: one trial needs server_cpus + 50 client actors × client_cpus = 0.25 + 50 × 0.05 = 2.75 CPUs" in msg
     assert "the cluster has 2; allowed: client_cpus <= 0.035 (or fewer clients, or a larger clients_per_actor)" in msg
+
+
+def test_one_fit_check_before_and_after_connecting_and_each_bundle_against_the_nodes():
+    """check_fits is the check of both moments: before connecting (check_resources) and after
+    (experiment.check_cluster), which also gives it the cluster's nodes: a bundle larger than every node
+    waits forever though the cluster's total fits it."""
+    cfg = validate(config_dict(resources={"server_cpus": 1.5, "client_cpus": 0.1}))
+    assert check_fits(cfg, 4.0, 0.0, None, "f.yaml") == []
+    assert check_fits(cfg, 4.0, 0.0, None, "f.yaml", nodes=[{"CPU": 2.0}, {"CPU": 2.0}]) == []
+    (msg,) = check_fits(cfg, 4.0, 0.0, None, "f.yaml", nodes=[{"CPU": 1.0}] * 4)
+    assert msg == ("f.yaml: resources.server_cpus: a bundle of 1.5 CPU fits on no node of this cluster (the largest has 1); "
+                   "allowed: <= 1")
+    with pytest.raises(ConfigError) as e:
+        raise_problems([msg, msg, "another"])
+    assert e.value.problems == [msg, "another"]
+    raise_problems([])  # nothing to report: no error
 
 
 def test_client_packing_shrinks_the_placement_group():

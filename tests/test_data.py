@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedsweep.config import validate
 from fedsweep.data import DigitsConfig, SyntheticConfig, build_federated_dataset, partitions
+from fedsweep.loading import validate
 from tests.conftest import config_dict
 
 

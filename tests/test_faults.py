@@ -116,8 +116,8 @@ def test_trial_whose_server_dies_is_rerun_with_one_mlflow_run(ray_session, tmp_p
     from mlflow import MlflowClient
     from mlflow.entities import ViewType
 
-    from fedsweep.config import load_sweep
-    from fedsweep.federation import run_local
+    from fedsweep.engine import run_local
+    from fedsweep.loading import load_sweep
     from fedsweep.sweep import run_sweep
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -152,10 +152,10 @@ def test_trial_whose_server_dies_is_rerun_with_one_mlflow_run(ray_session, tmp_p
 def test_a_round_nobody_answers_keeps_the_model():
     """In-process: an empty reply list leaves the global vector and the server state as they were."""
     cfg = ExperimentConfig.model_validate(config_dict())
-    server = Server(cfg, num_features=64, num_classes=10)
+    server = Server.of(cfg, num_features=64, num_classes=10)
 
     class NobodyAnswers:
-        def train(self, client_ids, payload, rnd):
+        def train(self, payloads, rnd):
             return []
 
     before = server.params.clone()

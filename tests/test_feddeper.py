@@ -13,8 +13,9 @@ from fedsweep.algorithms import build_algorithm
 from fedsweep.algorithms.base import ClientMessage
 from fedsweep.algorithms.feddeper import RECONSTRUCTED, FedDeperParams
 from fedsweep.cli import main
-from fedsweep.config import validate
-from fedsweep.federation import compute_threads, local_federation, run_local
+from fedsweep.engine import local_federation, run_local
+from fedsweep.federation import compute_threads
+from fedsweep.loading import validate
 from fedsweep.tracking import TAG_PREFIX, RunLogger, client, ensure_experiment
 
 

@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from fedsweep.config import validate
 from fedsweep.data import build_federated_dataset
+from fedsweep.engine import local_federation, run_local
 from fedsweep.evaluation import ClientEval, summarize
-from fedsweep.federation import Server, compute_threads, local_federation, run_local
+from fedsweep.federation import Server, compute_threads
+from fedsweep.loading import validate
 from fedsweep.models import FlatModel, build_model
 from tests.conftest import config_dict
 
@@ -53,10 +54,11 @@ def test_fedavg_full_batch_one_step_equals_centralized_gd(model):
     cfg = gd_config(model)
     ds = build_federated_dataset(cfg.data)
     assert len({c.num_train for c in ds.clients}) > 1  # unequal sizes, so the weighting matters
-    from fedsweep.federation import Client, LocalPool
+    from fedsweep.federation import Client, Setup
+    from fedsweep.pool import ClientPool
 
-    server = Server(cfg, ds.num_features, ds.num_classes)
-    pool = LocalPool([Client(i, d, cfg, ds.num_features, ds.num_classes) for i, d in enumerate(ds.clients)])
+    server = Server.of(cfg, ds.num_features, ds.num_classes)
+    pool = ClientPool.of_clients([Client(i, d, Setup.of(cfg, ds.num_features, ds.num_classes)) for i, d in enumerate(ds.clients)])
     reference = centralized_gd(cfg, 5)
     for rnd in range(1, 6):
         server.train_round(pool, rnd)
@@ -73,10 +75,10 @@ def test_uniform_aggregation_differs_from_weighted_on_unequal_clients():
 
 def test_sampling_count_and_determinism():
     cfg = validate(config_dict(data={"num_clients": 10, "partition": {"name": "iid"}}, algorithm={"participation_rate": 0.25}))
-    server = Server(cfg, 64, 10)
+    server = Server.of(cfg, 64, 10)
     picks = [server.sample(r) for r in range(1, 30)]
     assert all(len(p) == 3 and len(set(p)) == 3 and p == sorted(p) for p in picks)  # ceil(0.25 × 10) = 3
-    assert picks == [Server(cfg, 64, 10).sample(r) for r in range(1, 30)]
+    assert picks == [Server.of(cfg, 64, 10).sample(r) for r in range(1, 30)]
     assert len({tuple(p) for p in picks}) > 5  # different clients in different rounds
     counts = np.bincount(np.concatenate(picks), minlength=10)
     assert counts.min() > 0

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fedsweep.config import load_sweep
+from fedsweep.loading import load_sweep
 from tests.conftest import ROOT
 
 SHEBANG = "#!/usr/bin/env -S fedsweep sweep"

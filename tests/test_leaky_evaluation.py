@@ -10,7 +10,7 @@ import torch
 from fedsweep.algorithms import build_algorithm
 from fedsweep.algorithms.base import ClientContext, ClientData
 from fedsweep.algorithms.perfedavg import PerFedAvgParams
-from fedsweep.config import validate
+from fedsweep.loading import validate
 from fedsweep.models import FlatModel, MLPConfig, build_model
 from fedsweep.table import best_settings, load_runs
 from fedsweep.tracking import LEAK_TAG, RunLogger, ensure_experiment

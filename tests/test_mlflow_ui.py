@@ -20,7 +20,7 @@ import psutil
 import pytest
 import yaml
 
-from fedsweep.config import load_sweep
+from fedsweep.loading import load_sweep
 from fedsweep.sweep import run_sweep
 from tests.conftest import ROOT, config_dict
 from tests.test_job_submit import free_port

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedsweep.config import load_sweep
 from fedsweep.data import ImageConfig, PerFedAvgPartition, build_federated_dataset, vision
+from fedsweep.loading import load_sweep
 from tests.conftest import MNIST_COUNTS, ROOT
 
 pytestmark = pytest.mark.real_data

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from fedsweep.cli import main
-from fedsweep.config import load_sweep
+from fedsweep.loading import load_sweep
 from fedsweep.sweep import run_sweep
 from fedsweep.table import best_settings, load_runs
 from tests.conftest import config_dict

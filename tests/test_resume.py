@@ -15,8 +15,8 @@ import psutil
 import pytest
 import yaml
 
-from fedsweep.config import load_sweep
-from fedsweep.federation import run_local
+from fedsweep.engine import run_local
+from fedsweep.loading import load_sweep
 from tests.conftest import config_dict
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]

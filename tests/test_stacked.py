@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedsweep.algorithms import ALGORITHMS
 from fedsweep.algorithms.base import ClientContext, ClientData, grad
 from fedsweep.algorithms.stacked import PAD, StackedContext, pad_stack
-from fedsweep.config import ConfigError, validate
-from fedsweep.federation import run_local
+from fedsweep.config import ConfigError
+from fedsweep.engine import run_local
+from fedsweep.loading import validate
 from fedsweep.models import FlatModel, MLPConfig, build_model
 from tests.conftest import config_dict
 
@@ -51,6 +51,7 @@ def test_stacked_loss_and_gradient_are_each_clients_own():
 
 
 COMMON = {"participation_rate": 0.5, "local_steps": 4, "batch_size": 8, "local_lr": 0.05}
+# Variants of the algorithms that stack (every registered algorithm is checked by tests/test_conformance.py).
 VECTORIZABLE = {
     "fedavg": {"name": "fedavg", "personalization_lr": 0.05},
     "perfedavg_fo": {"name": "perfedavg", "variant": "fo", "personalization_lr": 0.05},
@@ -91,19 +92,6 @@ def test_vectorized_training_reaches_the_same_model(key):
         assert a.keys() == b.keys()
         for k in a:
             assert b[k] == pytest.approx(a[k], abs=1e-4), (key, k)
-
-
-def test_every_algorithm_says_whether_it_vectorizes():
-    """Everything but the proto transform; the list above covers each one that does."""
-    vectorizable = {s["name"] for s in VECTORIZABLE.values()}
-    for name, cls in ALGORITHMS.items():
-        transforms = ["maml", "proto"] if "transform" in cls.Params.model_fields else [None]
-        for t in transforms:
-            hp = cls.Params.model_validate({"name": name, **({"transform": t} if t else {})})
-            algo = cls(hp)
-            assert algo.can_vectorize() == (getattr(algo, "transform", None) != "proto"), (name, t)
-            if algo.can_vectorize():
-                assert name in vectorizable, name
 
 
 def test_vectorizing_a_proto_algorithm_is_refused_early():

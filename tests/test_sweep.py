@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from fedsweep.cli import main
-from fedsweep.config import load_sweep
+from fedsweep.loading import load_sweep
 from fedsweep.sweep import run_sweep
 from fedsweep.table import best_settings, ci95, load_runs, to_markdown
 from tests.conftest import config_dict
@@ -83,7 +83,7 @@ def test_trials_on_warm_actors_give_the_numbers_of_fresh_ones(finished_sweep, tr
     (tag fedsweep.warm_actors), and every trial's final metrics are those of the in-process reference."""
     from mlflow import MlflowClient
 
-    from fedsweep.federation import run_local
+    from fedsweep.engine import run_local
 
     sweep, _ = finished_sweep
     c = MlflowClient(tracking_uri)

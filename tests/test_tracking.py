@@ -28,8 +28,8 @@ def test_setting_label_leaves_out_seed_and_name():
 def test_rounds_are_written_at_evaluations_checkpoints_and_the_end_and_none_is_lost(tmp_path):
     """A run's per-round metrics go to the store in one call per evaluation interval: held until the next
     evaluation round (or a flush: checkpoints), the rest written by finish, also on failure."""
-    from fedsweep.config import validate
-    from fedsweep.federation import run_local
+    from fedsweep.engine import run_local
+    from fedsweep.loading import validate
     from fedsweep.tracking import RunLogger, client, ensure_experiment
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

@@ -11,10 +11,11 @@ import pytest
 import yaml
 
 from fedsweep.cli import main
-from fedsweep.config import ConfigError, load_sweep, validate
+from fedsweep.config import ConfigError
 from fedsweep.data import build_federated_dataset, partitions
+from fedsweep.engine import run_local
 from fedsweep.evaluation import VAL
-from fedsweep.federation import run_local
+from fedsweep.loading import load_sweep, validate
 from fedsweep.table import best_settings, load_runs, to_markdown
 from fedsweep.tracking import TAG_PREFIX, client, ensure_experiment
 from tests.conftest import config_dict

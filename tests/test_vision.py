@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 import torch
 
-from fedsweep.config import ConfigError, validate
+from fedsweep.config import ConfigError
 from fedsweep.data import ImageConfig, build_federated_dataset, vision
-from fedsweep.federation import run_local
+from fedsweep.engine import run_local
+from fedsweep.loading import validate
 from tests.conftest import config_dict
 
 

@@ -1,30 +1,29 @@
-"""Registry of algorithms: one module each, all on the interface in :mod:`fedsweep.algorithms.base`."""
+"""Registry of algorithms: one module each, all on the interface in :mod:`fedsweep.algorithms.base`.
+
+Every module of this package is imported here; a module adds its algorithm with ``@register("name")``, so a
+new method is one new file: the config, ``fedsweep algorithms`` and the conformance suite
+(``tests/test_conformance.py``) find it in :data:`ALGORITHMS`.
+"""
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from typing import Literal, get_args, get_origin
 
-from fedsweep.algorithms.base import Algorithm, HyperParameters
-from fedsweep.algorithms.ditto import Ditto
-from fedsweep.algorithms.fedavg import FedAvg
-from fedsweep.algorithms.feddeper import FedDeper
-from fedsweep.algorithms.feddyn import FedDyn
-from fedsweep.algorithms.fedprox import FedProx
-from fedsweep.algorithms.pavg import PAvg
-from fedsweep.algorithms.perfedavg import PerFedAvg
-from fedsweep.algorithms.pfedme import PFedMe
-from fedsweep.algorithms.pfldyn import PFLDyn
-from fedsweep.algorithms.pflscaf import PFLScaf
-from fedsweep.algorithms.scaffold import Scaffold
+from fedsweep.algorithms.base import REGISTRY, Algorithm, HyperParameters
+from fedsweep.models import FlatModel
 from fedsweep.schema import names_of
 
-ALGORITHMS: dict[str, type[Algorithm]] = {
-    cls.name: cls for cls in (FedAvg, PerFedAvg, PFedMe, PFLDyn, PFLScaf, PAvg, FedDeper, FedProx, Scaffold, FedDyn, Ditto)
-}
+for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+    importlib.import_module(f"{__name__}.{_module}")
+
+#: name → algorithm class, in name order.
+ALGORITHMS: dict[str, type[Algorithm]] = dict(sorted(REGISTRY.items()))
 
 
-def build_algorithm(params: HyperParameters) -> Algorithm:
-    return ALGORITHMS[params.name](params)
+def build_algorithm(params: HyperParameters, model: FlatModel | None = None) -> Algorithm:
+    return ALGORITHMS[params.name](params, model)
 
 
 _BOUNDS = (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<="))

@@ -1,16 +1,19 @@
 """The small interface every algorithm implements, in plain PyTorch (no Ray).
 
-An algorithm works on flat parameter vectors. A round is:
+An algorithm works on flat parameter vectors; :attr:`fedsweep.models.FlatModel.layout` names their parts
+(``body``, ``head``, ``norm``). A round is:
 
-1. the server broadcasts the global vector ``w`` (``server_payload``),
-2. each sampled client runs :meth:`Algorithm.client_update` from ``w`` and its
-   own persistent state and returns a message,
-3. the server runs :meth:`Algorithm.server_update` on the sampled clients'
-   messages and its own persistent state,
-4. on the evaluation cadence every client scores :meth:`Algorithm.personalize`
-   of the current global vector on its own test data.
+1. the server samples ⌈r·n⌉ clients and :meth:`Algorithm.plan_round` says which of all clients train and
+   whose messages are aggregated (by default: the sampled ones, both);
+2. each training client receives the shared :meth:`Algorithm.server_payload` (e.g. the global vector w)
+   merged with its own :meth:`Algorithm.client_payload` (empty by default), runs
+   :meth:`Algorithm.client_update` with its persistent state and returns a message;
+3. the server runs :meth:`Algorithm.server_update` on the aggregated clients' messages and its own state;
+4. on the evaluation cadence every client scores :meth:`Algorithm.personalize` on its own test data, and the
+   global model (:meth:`Algorithm.global_model`; None for methods without one) where there is one.
 
-The actors in :mod:`actors` only move these tensors and states around.
+Transmissions are the floats of the payloads and messages themselves. An algorithm is registered once, by
+:func:`register`. The pools in :mod:`fedsweep.federation` and :mod:`actors` only move these tensors around.
 """
 
 from __future__ import annotations
@@ -19,11 +22,12 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Protocol
 
 import torch
 from pydantic import Field
 
+from fedsweep.client_data import ClientData
 from fedsweep.models import FlatModel
 from fedsweep.schema import StrictModel, aliases
 
@@ -41,7 +45,7 @@ class HyperParameters(StrictModel):
     ``r`` for ``participation_rate``.
     """
 
-    name: str
+    name: str = Field("", description="The algorithm's registered name (set by the registry).")
     participation_rate: float | None = Field(
         None,
         gt=0,
@@ -87,33 +91,17 @@ class AggregationMixin(HyperParameters):
     )
 
 
-@dataclass
-class ClientData:
-    """One client's shard: its own train and test tensors, and a validation part held out of its training
-    data (``data.validation_fraction``; none by default): scored like the test part, never trained on."""
+class Context(Protocol):
+    """What a client step may use, for one client (:class:`ClientContext`) or several stacked as rows
+    (:class:`~fedsweep.algorithms.stacked.StackedContext`): the same calls on a vector or on a matrix."""
 
-    x_train: torch.Tensor
-    y_train: torch.Tensor
-    x_test: torch.Tensor
-    y_test: torch.Tensor
-    x_val: torch.Tensor | None = None
-    y_val: torch.Tensor | None = None
+    model: FlatModel
 
-    @property
-    def num_train(self) -> int:
-        return int(self.y_train.shape[0])
+    def loss(self, params: torch.Tensor, batch: Batch) -> torch.Tensor: ...
 
-    @property
-    def num_test(self) -> int:
-        return int(self.y_test.shape[0])
+    def batch(self, batch_size: int | None) -> Batch: ...
 
-    @property
-    def num_val(self) -> int:
-        return 0 if self.y_val is None else int(self.y_val.shape[0])
-
-    def to(self, device: torch.device | str) -> ClientData:
-        tensors = (self.x_train, self.y_train, self.x_test, self.y_test, self.x_val, self.y_val)
-        return ClientData(*(None if t is None else t.to(device) for t in tensors))
+    def train_data(self) -> Batch: ...
 
 
 @dataclass
@@ -151,12 +139,26 @@ class ClientContext:
 
 @dataclass
 class ClientMessage:
-    """What one sampled client sends back in a round."""
+    """What one client sends back in a round: ``payload`` is what travels (counted in floats)."""
 
     client_id: int
     num_samples: int
     payload: State
     stats: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """Who takes part in a round: the clients in ``train`` receive their payloads and run their update; the
+    messages of those in ``aggregate`` (a subset of ``train``) reach the server's update and are uploaded."""
+
+    train: list[int]
+    aggregate: list[int]
+
+
+def floats(state: State) -> int:
+    """The number of values in a payload: what sending it costs."""
+    return sum(int(v.numel()) for v in state.values())
 
 
 def loss_value(value: torch.Tensor) -> float | torch.Tensor:
@@ -213,49 +215,92 @@ def weighted_average(vectors: list[torch.Tensor], weights: list[float]) -> torch
     return out
 
 
+#: Every algorithm, by name, filled by :func:`register` as the modules of :mod:`fedsweep.algorithms` load.
+REGISTRY: dict[str, type[Algorithm]] = {}
+
+
+def register(name: str) -> Callable[[type[Algorithm]], type[Algorithm]]:
+    """Class decorator: the algorithm's one name. It sets ``cls.name``, makes ``cls.Params`` a subclass whose
+    ``name`` field is the literal ``name`` (the tag of the config's union of algorithms) and adds the class to
+    :data:`REGISTRY`, from which the config, the CLI and the conformance suite read every algorithm. The subclass
+    takes the base's place in its module (so that it pickles by name, into Ray's processes, and a module that
+    imports the base later gets it)."""
+    import sys
+
+    from pydantic import create_model
+
+    def add(cls: type[Algorithm]) -> type[Algorithm]:
+        if name in REGISTRY:
+            raise ValueError(f"algorithm {name!r} registered twice ({REGISTRY[name].__name__}, {cls.__name__})")
+        base = cls.Params
+        cls.name = name
+        cls.Params = create_model(base.__name__, __base__=base, __module__=base.__module__,
+                                  name=(Literal[name], Field(name, description="The algorithm.")))
+        if getattr(sys.modules[base.__module__], base.__name__, None) is base:
+            setattr(sys.modules[base.__module__], base.__name__, cls.Params)
+        REGISTRY[name] = cls
+        return cls
+
+    return add
+
+
 class Algorithm(ABC):
-    """One federated algorithm. Subclasses set ``name`` and ``Params`` and implement the two steps."""
+    """One federated algorithm: ``Params`` and the two steps; the other hooks have defaults (FedAvg's)."""
 
     name: ClassVar[str]
     Params: ClassVar[type[HyperParameters]]
-    #: model transmissions a sampled client costs per round, each way (PFLScaf sends two vectors).
-    transmissions_per_message: ClassVar[int] = 1
-    #: pFedMe: the server broadcasts to every client and every client trains (its personalized model
-    #: moves), but only the sampled clients' messages are aggregated.
-    trains_all_clients: ClassVar[bool] = False
+    #: Hyperparameters under which the method's global model is exactly FedAvg's (same ``local_lr``, τ, r,
+    #: batches), e.g. FedProx with μ = 0; None when it has no such reduction. The conformance suite checks it.
+    fedavg_reduction: ClassVar[dict[str, Any] | None] = None
 
     #: Where the update rules come from when not from the paper's own equations (shown by `fedsweep
     #: algorithms`, tagged ``fedsweep.provenance`` on every MLflow run); None = the paper's equations.
     provenance: str | None = None
 
-    def __init__(self, params: HyperParameters):
+    def __init__(self, params: HyperParameters, model: FlatModel | None = None):
+        """``model``: the architecture the method runs on (its :attr:`~FlatModel.layout` names the parts a
+        layer-aware method treats apart); None for the math alone (quadratic tests)."""
         self.hp = params
+        self.model = model
 
     def can_vectorize(self) -> bool:
         """Whether :meth:`client_update` runs unchanged on a :class:`~.stacked.StackedContext` (several
         clients' rows at once): true when the step is elementwise in w apart from the loss."""
         return False
 
-    def init_client_state(self, global_params: torch.Tensor) -> State:
-        """Persistent client state before the client is first sampled."""
+    def plan_round(self, sampled: list[int], num_clients: int) -> RoundPlan:
+        """Which clients train and whose messages are aggregated, given the round's sampled clients."""
+        return RoundPlan(sampled, sampled)
+
+    def init_client_state(self, initial_params: torch.Tensor) -> State:
+        """Persistent client state before the client first trains (``initial_params``: the model's seeded
+        initialization, the same on every client and on the server)."""
         return {}
 
-    def init_server_state(self, global_params: torch.Tensor) -> State:
+    def init_server_state(self, global_params: torch.Tensor, num_clients: int) -> State:
         return {}
 
     def server_payload(self, global_params: torch.Tensor, server_state: State) -> State:
-        """What is broadcast to the sampled clients (one object-store put per round)."""
+        """What every training client receives (sent once per client; one object-store put per round)."""
         return {"params": global_params}
+
+    def client_payload(self, client_id: int, global_params: torch.Tensor, server_state: State) -> State:
+        """What client ``client_id`` alone receives besides :meth:`server_payload` (its own model, FedAMP)."""
+        return {}
+
+    def global_model(self, global_params: torch.Tensor, server_state: State) -> torch.Tensor | None:
+        """The model scored as the global one; None for a method without one (its global metrics are absent)."""
+        return global_params
 
     @abstractmethod
     def client_update(self, ctx: ClientContext, payload: State, state: State) -> tuple[State, State, dict[str, float]]:
-        """Local training from the broadcast payload; returns (message payload, new client state, stats)."""
+        """Local training from the received payload; returns (message payload, new client state, stats)."""
 
     @abstractmethod
     def server_update(
         self, global_params: torch.Tensor, messages: list[ClientMessage], server_state: State, num_clients: int
     ) -> tuple[torch.Tensor, State]:
-        """Aggregation of the sampled clients' messages; returns (new global params, new server state)."""
+        """Aggregation of the planned clients' messages; returns (new global params, new server state)."""
 
     def personalize(self, ctx: ClientContext, payload: State, state: State) -> torch.Tensor:
         """The model a client is scored with; identity (the global model) by default."""

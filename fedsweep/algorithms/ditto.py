@@ -12,18 +12,15 @@ Reads: α (personal step), β (global local step), λ, τ, r.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 from pydantic import Field
 
-from fedsweep.algorithms.base import AggregationMixin, ClientContext, State, sgd
+from fedsweep.algorithms.base import AggregationMixin, ClientContext, State, register, sgd
 from fedsweep.algorithms.fedavg import FedAvg
 from fedsweep.schema import aliases
 
 
 class DittoParams(AggregationMixin):
-    name: Literal["ditto"] = "ditto"
     local_lr: float = Field(0.05, gt=0, validation_alias=aliases("local_lr", "beta", "β"), description="β: step of the global model's local training.")
     personalization_lr: float = Field(
         0.05, gt=0, validation_alias=aliases("personalization_lr", "alpha", "α"), description="α: step of the personal model."
@@ -32,8 +29,8 @@ class DittoParams(AggregationMixin):
     personal_steps: int | None = Field(None, ge=1, description="Steps on v_i per round; null = local_steps (τ).")
 
 
+@register("ditto")
 class Ditto(FedAvg):
-    name = "ditto"
     Params = DittoParams
     hp: DittoParams
 

@@ -16,8 +16,6 @@ Reads: β (``local_lr``), τ, r, and α (``personalization_lr``) at evaluation.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 from pydantic import Field
 
@@ -27,6 +25,7 @@ from fedsweep.algorithms.base import (
     ClientContext,
     ClientMessage,
     State,
+    register,
     sgd,
     weighted_average,
 )
@@ -46,7 +45,6 @@ class PersonalizationMixin(AggregationMixin):
 
 
 class FedAvgParams(PersonalizationMixin):
-    name: Literal["fedavg"] = "fedavg"
     local_lr: float = Field(
         0.05, gt=0, validation_alias=aliases("local_lr", "beta", "β"), description="β: local learning rate."
     )
@@ -60,8 +58,8 @@ def fine_tune(ctx: ClientContext, params: torch.Tensor, lr: float, steps: int) -
     return w
 
 
+@register("fedavg")
 class FedAvg(Algorithm):
-    name = "fedavg"
     Params = FedAvgParams
     hp: FedAvgParams
 

@@ -24,12 +24,10 @@ Reads: α, β, λ, τ, r.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 from pydantic import Field
 
-from fedsweep.algorithms.base import AggregationMixin, ClientContext, State, grad
+from fedsweep.algorithms.base import AggregationMixin, ClientContext, State, grad, register
 from fedsweep.algorithms.fedavg import FedAvg
 from fedsweep.schema import aliases
 
@@ -40,7 +38,6 @@ RECONSTRUCTED = (
 
 
 class FedDeperParams(AggregationMixin):
-    name: Literal["feddeper"] = "feddeper"
     personalization_lr: float = Field(
         0.01, ge=0, validation_alias=aliases("personalization_lr", "alpha", "α"),
         description="α: step of the personalized component y_i (0 = FedAvg).",
@@ -49,8 +46,8 @@ class FedDeperParams(AggregationMixin):
     coupling: float = Field(0.0, ge=0, validation_alias=aliases("coupling", "lambda", "λ"), description="λ: decay of y_i towards zero (0 = none).")
 
 
+@register("feddeper")
 class FedDeper(FedAvg):
-    name = "feddeper"
     Params = FedDeperParams
     hp: FedDeperParams
     provenance = RECONSTRUCTED

@@ -17,32 +17,29 @@ Server (m = number of clients, P_t the sampled ones):
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 from pydantic import Field
 
 from fedsweep.algorithms import transforms
-from fedsweep.algorithms.base import Algorithm, ClientContext, ClientMessage, HyperParameters, State
+from fedsweep.algorithms.base import Algorithm, ClientContext, ClientMessage, HyperParameters, State, register
 from fedsweep.schema import aliases
 
 
 class FedDynParams(HyperParameters):
-    name: Literal["feddyn"] = "feddyn"
     local_lr: float = Field(0.05, gt=0, validation_alias=aliases("local_lr", "beta", "β"), description="β: local learning rate.")
     regularization: float = Field(
         0.01, gt=0, validation_alias=aliases("regularization", "lambda", "λ"), description="λ (the paper's α): dynamic-regularizer weight."
     )
 
 
+@register("feddyn")
 class FedDyn(transforms.TransformHooks, Algorithm):
-    name = "feddyn"
     Params = FedDynParams
 
     def init_client_state(self, global_params: torch.Tensor) -> State:
         return {"grad_state": torch.zeros_like(global_params)}
 
-    def init_server_state(self, global_params: torch.Tensor) -> State:
+    def init_server_state(self, global_params: torch.Tensor, num_clients: int) -> State:
         return {"h": torch.zeros_like(global_params)}
 
     def client_update(self, ctx: ClientContext, payload: State, state: State) -> tuple[State, State, dict[str, float]]:

@@ -10,26 +10,26 @@ Reads: β (``local_lr``), λ = μ (``proximal_strength``), τ, r; α at evaluati
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar
 
 from pydantic import Field
 
-from fedsweep.algorithms.base import ClientContext, State, sgd
+from fedsweep.algorithms.base import ClientContext, State, register, sgd
 from fedsweep.algorithms.fedavg import FedAvg, FedAvgParams
 from fedsweep.schema import aliases
 
 
 class FedProxParams(FedAvgParams):
-    name: Literal["fedprox"] = "fedprox"  # type: ignore[assignment]
     proximal_strength: float = Field(
         0.01, ge=0, validation_alias=aliases("proximal_strength", "mu", "μ", "lambda", "λ"), description="λ = μ: weight of the proximal term."
     )
 
 
+@register("fedprox")
 class FedProx(FedAvg):
-    name = "fedprox"
     Params = FedProxParams
     hp: FedProxParams
+    fedavg_reduction: ClassVar[dict] = {"proximal_strength": 0.0}
 
     def client_update(self, ctx: ClientContext, payload: State, state: State) -> tuple[State, State, dict[str, float]]:
         anchor, mu = payload["params"], self.hp.proximal_strength

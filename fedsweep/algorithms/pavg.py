@@ -6,18 +6,15 @@ evaluation: nearest class centroid of the client's training data. Reads: β, τ,
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import Field
 
 from fedsweep.algorithms import transforms
-from fedsweep.algorithms.base import AggregationMixin, ClientContext, State
+from fedsweep.algorithms.base import AggregationMixin, ClientContext, State, register
 from fedsweep.algorithms.fedavg import FedAvg
 from fedsweep.schema import aliases
 
 
 class PAvgParams(AggregationMixin):
-    name: Literal["pavg"] = "pavg"
     local_lr: float = Field(0.05, gt=0, validation_alias=aliases("local_lr", "beta", "β"), description="β: local learning rate.")
 
     def model_problem(self, model_name: str) -> str | None:
@@ -26,8 +23,8 @@ class PAvgParams(AggregationMixin):
         return None
 
 
+@register("pavg")
 class PAvg(transforms.TransformHooks, FedAvg):
-    name = "pavg"
     Params = PAvgParams
     transform = "proto"
 

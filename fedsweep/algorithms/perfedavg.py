@@ -31,7 +31,7 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from fedsweep.algorithms.base import Batch, ClientContext, LossFn, State, grad
+from fedsweep.algorithms.base import Batch, ClientContext, LossFn, State, grad, register
 from fedsweep.algorithms.fedavg import FedAvg, PersonalizationMixin
 from fedsweep.schema import aliases
 
@@ -39,7 +39,6 @@ Variant = Literal["fo", "hf", "exact"]
 
 
 class PerFedAvgParams(PersonalizationMixin):
-    name: Literal["perfedavg"] = "perfedavg"
     variant: Variant = Field("hf", description="fo: first order; hf: Hessian-free (finite differences); exact: Hessian-vector product.")
     personalization_lr: float = Field(
         0.01, ge=0, validation_alias=aliases("personalization_lr", "alpha", "α"), description="α: inner (MAML) step, also used at evaluation."
@@ -86,8 +85,8 @@ def meta_step(
     return w - beta * (g - alpha * correction), value
 
 
+@register("perfedavg")
 class PerFedAvg(FedAvg):
-    name = "perfedavg"
     Params = PerFedAvgParams
     hp: PerFedAvgParams
 

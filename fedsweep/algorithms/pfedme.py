@@ -13,8 +13,6 @@ Reads: α (personal learning rate), η (``local_lr``), λ, β (server mixing), �
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 from pydantic import Field
 
@@ -25,16 +23,17 @@ from fedsweep.algorithms.base import (
     ClientContext,
     ClientMessage,
     LossFn,
+    RoundPlan,
     State,
     grad,
     loss_value,
+    register,
     weighted_average,
 )
 from fedsweep.schema import aliases
 
 
 class PFedMeParams(AggregationMixin):
-    name: Literal["pfedme"] = "pfedme"
     personalization_lr: float = Field(
         0.01, gt=0, validation_alias=aliases("personalization_lr", "alpha", "α"), description="α: personal learning rate of the inner solver."
     )
@@ -53,14 +52,18 @@ def prox_solve(loss: LossFn, theta: torch.Tensor, anchor: torch.Tensor, batch: B
     return theta
 
 
+@register("pfedme")
 class PFedMe(Algorithm):
-    name = "pfedme"
     Params = PFedMeParams
-    trains_all_clients = True
     hp: PFedMeParams
 
     def can_vectorize(self) -> bool:
         return True
+
+    def plan_round(self, sampled: list[int], num_clients: int) -> RoundPlan:
+        """The server broadcasts to every client and every client trains (its θ_i moves); only the sampled
+        clients' models are sent back and aggregated."""
+        return RoundPlan(list(range(num_clients)), sampled)
 
     def client_update(self, ctx: ClientContext, payload: State, state: State) -> tuple[State, State, dict[str, float]]:
         hp = self.hp

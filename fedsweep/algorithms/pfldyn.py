@@ -6,16 +6,15 @@ The update rules are FedDyn's (:mod:`fedsweep.algorithms.feddyn`) with ∇f_i(T_
 
 from __future__ import annotations
 
-from typing import Literal
-
+from fedsweep.algorithms.base import register
 from fedsweep.algorithms.feddyn import FedDyn, FedDynParams
 from fedsweep.algorithms.pfl import TransformedAlgorithm, TransformMixin
 
 
 class PFLDynParams(TransformMixin, FedDynParams):
-    name: Literal["pfldyn"] = "pfldyn"  # type: ignore[assignment]
+    """FedDyn's hyperparameters and the transform's."""
 
 
+@register("pfldyn")
 class PFLDyn(TransformedAlgorithm, FedDyn):
-    name = "pfldyn"
     Params = PFLDynParams

@@ -7,16 +7,15 @@ Reads: β, τ (K), r (P/m), α (the transform's η).
 
 from __future__ import annotations
 
-from typing import Literal
-
+from fedsweep.algorithms.base import register
 from fedsweep.algorithms.pfl import TransformedAlgorithm, TransformMixin
 from fedsweep.algorithms.scaffold import Scaffold, ScaffoldParams
 
 
 class PFLScafParams(TransformMixin, ScaffoldParams):
-    name: Literal["pflscaf"] = "pflscaf"  # type: ignore[assignment]
+    """SCAFFOLD's hyperparameters and the transform's."""
 
 
+@register("pflscaf")
 class PFLScaf(TransformedAlgorithm, Scaffold):
-    name = "pflscaf"
     Params = PFLScafParams

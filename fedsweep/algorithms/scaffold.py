@@ -14,31 +14,35 @@ it is sampled. Reads: β (``local_lr``), τ, r, η_g (``global_lr``), and the tr
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 from pydantic import Field
 
 from fedsweep.algorithms import transforms
-from fedsweep.algorithms.base import AggregationMixin, Algorithm, ClientContext, ClientMessage, State, weighted_average
+from fedsweep.algorithms.base import (
+    AggregationMixin,
+    Algorithm,
+    ClientContext,
+    ClientMessage,
+    State,
+    register,
+    weighted_average,
+)
 from fedsweep.schema import aliases
 
 
 class ScaffoldParams(AggregationMixin):
-    name: Literal["scaffold"] = "scaffold"
     local_lr: float = Field(0.05, gt=0, validation_alias=aliases("local_lr", "beta", "β"), description="β: local learning rate.")
     global_lr: float = Field(1.0, gt=0, description="η_g: server step size on the averaged update.")
 
 
+@register("scaffold")
 class Scaffold(transforms.TransformHooks, Algorithm):
-    name = "scaffold"
     Params = ScaffoldParams
-    transmissions_per_message = 2
 
     def init_client_state(self, global_params: torch.Tensor) -> State:
         return {"control": torch.zeros_like(global_params)}
 
-    def init_server_state(self, global_params: torch.Tensor) -> State:
+    def init_server_state(self, global_params: torch.Tensor, num_clients: int) -> State:
         return {"control": torch.zeros_like(global_params)}
 
     def server_payload(self, global_params: torch.Tensor, server_state: State) -> State:

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from pydantic import Field, model_validator
 
-from fedsweep.algorithms.base import ClientData
+from fedsweep.client_data import ClientData
 from fedsweep.data import partitions, synthetic, vision
 from fedsweep.schema import StrictModel, aliases
 
@@ -349,6 +349,22 @@ def build_federated_dataset(cfg: SyntheticConfig | DigitsConfig | ImageConfig) -
         rng = np.random.default_rng([cfg.seed, 3])  # a stream of its own: the shards are those of fraction 0
         ds.clients = [_hold_out(c, i, cfg.validation_fraction, rng) for i, c in enumerate(ds.clients)]
     return ds
+
+
+#: The one dataset a command's checks built (:func:`keep_built`), until its run takes it (:func:`built_or_build`).
+_BUILT: dict = {}
+
+
+def keep_built(cfg: SyntheticConfig | DigitsConfig | ImageConfig, dataset: FederatedDataset) -> None:
+    """Keep the dataset the checks of a one-experiment command built, so that its run does not build it again."""
+    _BUILT.clear()
+    _BUILT[cfg] = dataset
+
+
+def built_or_build(cfg: SyntheticConfig | DigitsConfig | ImageConfig) -> FederatedDataset:
+    """The dataset :func:`keep_built` kept for ``cfg`` (handed over once), else a new one."""
+    kept = _BUILT.pop(cfg, None)
+    return kept if kept is not None else build_federated_dataset(cfg)
 
 
 def _hold_out(c: ClientData, index: int, fraction: float, rng: np.random.Generator) -> ClientData:

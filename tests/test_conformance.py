@@ -1,0 +1,175 @@
+"""The conformance suite: every registered algorithm, driven by what it declares, with no hand list to edit.
+
+A method registered with ``@register`` gets all of it: a checkpoint round trip bit for bit, unsampled (unplanned)
+clients keep their states, stacked = one by one where it declares it can stack (and the config refuses stacking
+where it cannot), its reduction to FedAvg where it declares one, transmissions equal to the floats of the payloads
+and messages actually sent, and (on Ray) the same numbers in process and on actors.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fedsweep import checkpoint as checkpoint_files
+from fedsweep.algorithms import ALGORITHMS
+from fedsweep.engine import Engine, run_local
+from fedsweep.federation import compute_threads
+from fedsweep.loading import validate
+from fedsweep.storage import Storage
+from tests.conftest import config_dict
+
+NAMES = sorted(ALGORITHMS)
+
+
+def config(name: str, rounds: int = 4, **algorithm):
+    """A tiny experiment every algorithm can run: 4 digits clients, half sampled each round, an MLP."""
+    return validate(config_dict(
+        data={"num_clients": 4},
+        model={"name": "mlp", "hidden": [8]},
+        algorithm={"_replace": True, "name": name, "local_steps": 2, "batch_size": 8, "participation_rate": 0.5, **algorithm},
+        rounds=rounds, eval_every=2,
+    ))
+
+
+def equal_states(a, b) -> bool:
+    return (a is None and b is None) or (a is not None and b is not None and a.keys() == b.keys()
+                                         and all(np.array_equal(a[k], b[k]) for k in a))
+
+
+def test_every_module_of_the_package_registers_what_it_defines():
+    assert {"fedavg", "fedper", "fedamp", "local"} <= set(ALGORITHMS)
+    for name, cls in ALGORITHMS.items():
+        assert cls.name == name and cls.Params.model_fields["name"].default == name
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_checkpoint_round_trip_is_bit_for_bit(name, tmp_path):
+    """Two rounds, a checkpoint through the storage, a fresh engine restored from it, two more rounds: the
+    uninterrupted run's numbers and states exactly."""
+    cfg = config(name)
+    reference, server = run_local(cfg)
+    with compute_threads():
+        first = Engine(cfg)
+        history = [m for r in range(3) for m in first.steps(r, r, 1)]
+        storage = Storage(str(tmp_path))
+        checkpoint_files.save_latest(first.checkpoint(2), storage, storage.path("trial"))
+        saved, _ = checkpoint_files.load_latest(storage, storage.path("trial"))
+        second = Engine(cfg)
+        start = second.restore(saved)
+        history += [m for r in range(start, cfg.rounds + 1) for m in second.steps(r, r, start)]
+    for m in history:
+        m.pop("wall_time_s")
+    assert history == reference
+    assert torch.equal(second.server.params, server.params)
+    with compute_threads():
+        uninterrupted = Engine(cfg)
+        for r in range(cfg.rounds + 1):
+            uninterrupted.steps(r, r, 1)
+    ids = list(range(4))
+    assert all(equal_states(a, b) for a, b in zip(second.pool.states(ids), uninterrupted.pool.states(ids)))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_clients_that_do_not_train_keep_their_state(name):
+    with compute_threads():
+        engine = Engine(config(name))
+        server, pool = engine.server, engine.pool
+        for rnd in range(1, 5):
+            before = pool.snapshot()
+            trained = set(server.algorithm.plan_round(server.sample(rnd), 4).train)
+            server.train_round(pool, rnd)
+            after = pool.snapshot()
+            for c in range(4):
+                if c not in trained:
+                    assert after[c][1] == before[c][1] and equal_states(after[c][0], before[c][0]), (rnd, c)
+                else:
+                    assert after[c][1] == before[c][1] + 1
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_stacked_training_equals_one_by_one_where_declared(name):
+    cfg = config(name)
+    if not ALGORITHMS[name](cfg.algorithm).can_vectorize():
+        raw = cfg.model_dump()
+        raw["resources"]["vectorize_clients"] = True
+        with pytest.raises(Exception, match="vectorize_clients"):
+            validate(raw)
+        return
+    stacked = validate({**cfg.model_dump(), "resources": {**cfg.resources.model_dump(), "clients_per_actor": 4, "vectorize_clients": True}})
+    (one, s1), (many, s2) = run_local(cfg), run_local(stacked)
+    assert torch.allclose(s1.params, s2.params, atol=1e-5)
+    for a, b in zip(one, many):
+        assert a.keys() == b.keys()
+        assert all(np.isclose(a[k], b[k], atol=1e-4, equal_nan=True) for k in a), a["round"]
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if ALGORITHMS[n].fedavg_reduction is not None])
+def test_the_declared_reduction_to_fedavg_holds(name):
+    fedavg = config("fedavg", local_lr=0.1)
+    reduced = config(name, local_lr=0.1, **ALGORITHMS[name].fedavg_reduction)
+    (_, a), (_, b) = run_local(fedavg), run_local(reduced)
+    assert (a.params - b.params).abs().max() < 1e-6
+
+
+class Recording:
+    """A pool that counts the floats of every payload it is given and of every message it returns."""
+
+    def __init__(self, pool, aggregated):
+        self.pool, self.aggregated = pool, aggregated
+        self.down = self.up = 0
+
+    def train(self, payloads, rnd):
+        self.down += sum(int(np.asarray(v).size) for p in payloads.values() for v in p.values())
+        replies = self.pool.train(payloads, rnd)
+        self.up += sum(int(np.asarray(v).size) for m in replies if m.client_id in self.aggregated for v in m.payload.values())
+        return replies
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_transmissions_are_the_floats_sent(name):
+    with compute_threads():
+        engine = Engine(config(name))
+        server = engine.server
+        down = up = 0
+        for rnd in (1, 2, 3):
+            recording = Recording(engine.pool, set(server.algorithm.plan_round(server.sample(rnd), 4).aggregate))
+            server.train_round(recording, rnd)
+            down, up = down + recording.down, up + recording.up
+        m = server.transmissions()
+    assert (m["floats_down"], m["floats_up"]) == (down, up)
+    assert m["transmissions"] == pytest.approx((down + up) / server.model_floats)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_global_metrics_exist_exactly_when_there_is_a_global_model(name):
+    history, server = run_local(config(name, rounds=2))
+    has_global = server.global_model() is not None
+    assert ("global_accuracy" in history[-1]) == has_global == ("train_loss" in history[-1])
+    assert "personalized_accuracy_mean" in history[-1]
+
+
+@pytest.mark.ray
+def test_every_algorithm_gives_the_same_numbers_in_process_and_on_actors(ray_session):
+    """One ServerActor and two ClientActors (two clients each), reset to each algorithm in turn (a sweep's warm
+    actors): every algorithm's history and global vector equal the in-process run's."""
+    from fedsweep.experiment import ExperimentRunner
+
+    def on_actors(cfg):
+        return validate({**cfg.model_dump(), "resources": {**cfg.resources.model_dump(), "clients_per_actor": 2}})
+
+    first = on_actors(config(NAMES[0]))
+    runner = ExperimentRunner(first)
+    try:
+        runner.start()
+        for name in NAMES:
+            cfg = on_actors(config(name))
+            ray_session.get(runner.server.reset.remote(cfg))
+            runner.cfg = cfg
+            history = [{k: v for k, v in m.items() if k != "wall_time_s"} for m in runner.rounds(pipelined=True)]
+            local, server = run_local(cfg)
+            assert history == local, name
+            assert np.array_equal(ray_session.get(runner.server.global_params.remote()), server.params.numpy()), name
+    finally:
+        runner.stop()
