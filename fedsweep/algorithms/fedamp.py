@@ -21,12 +21,12 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from fedsweep.algorithms.base import Algorithm, ClientContext, ClientMessage, HyperParameters, State, register, sgd
+from fedsweep.algorithms.base import ClientContext, ClientMessage, State, register, sgd
+from fedsweep.algorithms.local import Local, LocalParams
 from fedsweep.schema import aliases
 
 
-class FedAMPParams(HyperParameters):
-    local_lr: float = Field(0.05, gt=0, validation_alias=aliases("local_lr", "beta", "β"), description="β: local learning rate.")
+class FedAMPParams(LocalParams):
     coupling: float = Field(1.0, ge=0, validation_alias=aliases("coupling", "lambda", "λ"), description="λ: pull towards u_i.")
     attention_step: float = Field(
         0.1, gt=0, validation_alias=aliases("attention_step", "alpha", "α", "alpha_k"),
@@ -45,21 +45,14 @@ def attention_weights(models: torch.Tensor, i: int, alpha: float, sigma: float) 
 
 
 @register("fedamp")
-class FedAMP(Algorithm):
+class FedAMP(Local):
+    """Each client's own model, as :class:`Local`'s (nothing shared, no global model), pulled towards u_i."""
+
     Params = FedAMPParams
     hp: FedAMPParams
 
-    def can_vectorize(self) -> bool:
-        return True
-
-    def init_client_state(self, initial_params: torch.Tensor) -> State:
-        return {"params": initial_params.clone()}
-
     def init_server_state(self, global_params: torch.Tensor, num_clients: int) -> State:
         return {"models": global_params.expand(num_clients, -1).clone()}
-
-    def server_payload(self, global_params: torch.Tensor, server_state: State) -> State:
-        return {}
 
     def client_payload(self, client_id: int, global_params: torch.Tensor, server_state: State) -> State:
         models = server_state["models"]
@@ -77,9 +70,3 @@ class FedAMP(Algorithm):
         for m in messages:
             models[m.client_id] = m.payload["params"]
         return global_params, {"models": models}
-
-    def global_model(self, global_params: torch.Tensor, server_state: State) -> torch.Tensor | None:
-        return None
-
-    def personalize(self, ctx: ClientContext, payload: State, state: State) -> torch.Tensor:
-        return state["params"]
