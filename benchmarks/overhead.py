@@ -3,7 +3,7 @@
 Workload (issue 6): FedAvg on Synthetic(0.5, 0.5), 20 clients, MLP, τ = 10, r = 0.5, 50 rounds,
 evaluation every 10 rounds. Variants, each in a fresh process pinned with taskset:
 
-  local     one process, no Ray: ``fedsweep.federation`` Server + LocalPool (the same code the actors run)
+  local     one process, no Ray: ``fedsweep.engine.local_federation`` (the engine the actors run, every host local)
   actors-1  fedsweep's ServerActor + ClientActors, everything on core 0
   actors-2  the same on cores 0-1
 
@@ -12,8 +12,7 @@ each with one client per actor (k=1, the default: 20 ClientActors) and packed, o
 actor trains in a round form one stacked computation); ``local/vec/k=K`` is the in-process loop stacking
 the same groups of K clients. ``pool-1`` and ``pool-2`` are worker pools (``resources.client_workers`` = CPUs):
 on 1 CPU the ServerActor trains every client itself, on 2 it and one ClientActor split each round's clients
-evenly, the ServerActor keeping the client states, the parts sent over the ClientActor's socket
-(``resources.pool_channel: socket``, the default); ``pool-2/ray`` sends them as Ray actor calls. ``local×2`` is the machine's own ceiling for any
+evenly (Ray calls; the socket channel of earlier versions is gone, docs/performance.md). ``local×2`` is the machine's own ceiling for any
 2-CPU speedup: two copies of ``local`` at the same time, one per core (the time of the slower one).
 Printed: medians over the repetitions of the rounds' wall time (rounds 1..R, start-up excluded)
 and of the whole run (Ray start, actor start, rounds), and the paired ratios
@@ -41,8 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks._harness import median, print_ratios, ratios, repeat, timed_actor_run
 
 
-def config(args, cpus: float = 1.0, clients_per_actor: int = 1, vectorize: bool = False, client_workers: int = 0,
-           pool_channel: str = "socket"):
+def config(args, cpus: float = 1.0, clients_per_actor: int = 1, vectorize: bool = False, client_workers: int = 0):
     from fedsweep.loading import validate
 
     actors = client_workers or -(-args.clients // clients_per_actor)
@@ -60,7 +58,7 @@ def config(args, cpus: float = 1.0, clients_per_actor: int = 1, vectorize: bool 
             "eval_every": 10,
             "resources": {"server_cpus": server_cpus, "client_cpus": round((cpus - server_cpus) / actors, 4),
                           "clients_per_actor": clients_per_actor, "vectorize_clients": vectorize,
-                          "client_workers": client_workers, "pool_channel": pool_channel},
+                          "client_workers": client_workers},
         },
         "overhead",
     )
@@ -98,7 +96,7 @@ def worker_local_pair(args) -> dict:
 
 
 def worker_actors(args) -> dict:
-    cfg = config(args, args.cpus, args.clients_per_actor, args.vectorize, args.client_workers, args.pool_channel)
+    cfg = config(args, args.cpus, args.clients_per_actor, args.vectorize, args.client_workers)
     rounds_s, total_s, last, params = timed_actor_run(cfg, args.cpus)
     return {"rounds_s": rounds_s, "total_s": total_s, "final": last["personalized_accuracy_mean"],
             "params_sum": float(params.astype("float64").sum())}
@@ -114,7 +112,6 @@ def main() -> int:
     ap.add_argument("--clients-per-actor", type=int, default=1)
     ap.add_argument("--vectorize", action="store_true", help="resources.vectorize_clients")
     ap.add_argument("--client-workers", type=int, default=0, help="resources.client_workers")
-    ap.add_argument("--pool-channel", choices=["socket", "ray"], default="socket", help="resources.pool_channel")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--variants", nargs="+", help="run only these variants (names as printed); default: all")
     args = ap.parse_args()
@@ -136,7 +133,6 @@ def main() -> int:
         variants[f"actors-{cpus}/k={per_cpu[cpus]}/vec"] = (
             cores[cpus], [*actors, "--clients-per-actor", str(per_cpu[cpus]), "--vectorize"])
         variants[f"pool-{cpus}"] = (cores[cpus], [*actors, "--client-workers", str(cpus)])
-    variants["pool-2/ray"] = (cores[2], [*variants["pool-2"][1], "--pool-channel", "ray"])
     if args.variants:
         unknown = set(args.variants) - set(variants)
         if unknown:
@@ -172,8 +168,6 @@ def main() -> int:
         ("pool: overhead on 1 CPU, pool-1 / local", "pool-1", "local"),
         ("pool: parallel speedup, pool-1 / pool-2", "pool-1", "pool-2"),
         ("pool: speedup over local, local / pool-2", "local", "pool-2"),
-        ("pool, Ray calls: parallel speedup, pool-1 / pool-2/ray", "pool-1", "pool-2/ray"),
-        ("pool: Ray calls / socket, pool-2/ray / pool-2", "pool-2/ray", "pool-2"),
     ]
     print_ratios(res, [row for row in rows if row[1] in res and row[2] in res], width=52)
     if "local" in res and "local×2" in res:

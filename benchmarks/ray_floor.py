@@ -1,6 +1,6 @@
 """Benchmark 1b - the floor under the orchestration overhead: what a running Ray instance costs work that never calls it.
 
-The in-process loop of benchmark 1 (``local``: fedsweep's Server and LocalPool, no Ray) timed on one
+The in-process loop of benchmark 1 (``local``: fedsweep's in-process engine, no Ray) timed on one
 core twice in the same process: alone, then with a local Ray instance of 1 CPU started on that core
 and left idle (its raylet, GCS, agents and log monitor keep running). The ratio is the part of the
 actor path's overhead that no change to fedsweep's calls can remove on a machine where Ray shares the

@@ -2,7 +2,7 @@
 
 Workload: the pFedMe Synthetic protocol of ``sweeps/pfedme_table1_synthetic.yaml`` (100 users, MLR,
 R = 20, K = 5, |D| = 20; pFedMe trains every user every round) and Per-FedAvg FO on the same data (10 users
-a round), each for ``--rounds`` rounds with ``fedsweep.federation.run_local`` on core 0, one torch thread.
+a round), each for ``--rounds`` rounds with ``fedsweep.engine.run_local`` on core 0, one torch thread.
 Variants: clients one by one, and stacked in groups of 25 and of 100 (the groups ``clients_per_actor``
 would form). Printed: median seconds per round, the speed-up over one by one, and the largest difference of
 the final global parameters and of the final weighted personalized accuracy against one by one.

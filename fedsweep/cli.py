@@ -94,12 +94,15 @@ def cmd_run(args) -> int:
             bar.write(f"round 1 done {waited:.2f} s after the command started")
         if m["round"] > 0:
             bar.update(1)
-        if "global_accuracy" in m:
-            bar.set_postfix(pers_acc=f"{m['personalized_accuracy_mean']:.4f}", glob_acc=f"{m['global_accuracy']:.4f}")
+        if "personalized_accuracy_mean" in m:  # an evaluation round (global metrics only where there is a global model)
+            has_global = "global_accuracy" in m
+            bar.set_postfix(pers_acc=f"{m['personalized_accuracy_mean']:.4f}",
+                            **({"glob_acc": f"{m['global_accuracy']:.4f}"} if has_global else {}))
             bar.write(
                 f"round {int(m['round']):4d}  personalized acc {m['personalized_accuracy_mean']:.4f} "
-                f"(worst {m['personalized_accuracy_worst']:.4f})  global acc {m['global_accuracy']:.4f}  "
-                f"train loss {m['train_loss']:.4f}  transmissions {int(m['transmissions'])}"
+                f"(worst {m['personalized_accuracy_worst']:.4f})"
+                + (f"  global acc {m['global_accuracy']:.4f}  train loss {m['train_loss']:.4f}" if has_global else "")
+                + f"  transmissions {m['transmissions']:g}"
             )
 
     try:

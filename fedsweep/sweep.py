@@ -106,7 +106,7 @@ def _experiment(cfg: ExperimentConfig, overrides: dict, index: int, tracking: di
     last: dict[str, float] = {}
 
     def report(metrics: dict[str, float]) -> None:
-        if "global_accuracy" in metrics or metrics.get("diverged"):
+        if "personalized_accuracy_mean" in metrics or metrics.get("diverged"):  # an evaluation round
             last.clear()
             last.update({k: float(v) for k, v in metrics.items()})
             to_tune(dict(last))
