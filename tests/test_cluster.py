@@ -1,6 +1,6 @@
 """Sweeps on a real multi-node Ray cluster (a head and worker raylets on this machine, tests/ray_cluster.py): trials
-and ClientActors placed over the nodes (``resources.placement_strategy``), the socket channel between actors of
-one node and Ray calls across nodes, and a worker node lost mid-trial. The driver is ``fedsweep sweep`` joining
+and ClientActors placed over the nodes (``resources.placement_strategy``), reached by Ray calls on one node or across
+nodes, and a worker node lost mid-trial. The driver is ``fedsweep sweep`` joining
 the cluster through ``RAY_ADDRESS``, as on a real cluster; the storage is a folder every node sees."""
 
 from __future__ import annotations
@@ -76,9 +76,8 @@ def assert_equals_in_process(path: Path, runs) -> None:
 
 def test_a_sweep_places_trials_and_client_actors_over_the_nodes(cluster, tmp_path):
     """Two worker nodes of 4 CPUs. A worker-pool trial (the ServerActor and two ClientActors, 2 CPUs) placed with
-    'pack' runs on one node, its ClientActors reached over their sockets; placed with 'spread' it spans both
-    nodes: the ClientActor beside the ServerActor is reached over its socket, the one on the other node by Ray
-    calls. Both end with the numbers of an in-process run."""
+    'pack' runs on one node; placed with 'spread' it spans both nodes. Its ClientActors are reached by Ray calls
+    either way, and both end with the numbers of an in-process run."""
     nodes = {cluster.add_node(4), cluster.add_node(4)}
     path = sweep_file(tmp_path, "placed", {"max_concurrent_trials": 1},
                       data={"num_clients": 6},
@@ -92,13 +91,10 @@ def test_a_sweep_places_trials_and_client_actors_over_the_nodes(cluster, tmp_pat
     assert set(runs) == {"pack", "spread"} and all(r.info.status == "FINISHED" for r in runs.values())
     for strategy, run in runs.items():
         rows = placement(path, run)
-        print(strategy, [(r["process"], r["node_id"][:8], r["channel"], r.get("socket_requests")) for r in rows])
+        print(strategy, [(r["process"], r["node_id"][:8], r["channel"]) for r in rows])
         server, actors = rows[0], rows[1:]
         assert {r["node_id"] for r in rows} <= nodes and len(actors) == 2
-        for actor in actors:  # the channel follows the node: a socket beside the ServerActor, Ray calls across
-            beside = actor["node_id"] == server["node_id"]
-            assert actor["channel"] == ("socket" if beside else "ray")
-            assert (actor["socket_requests"] > 0) == beside
+        assert all(actor["channel"] == "ray" for actor in actors) and server["channel"] is None
         assert run.data.tags["fedsweep.nodes"] == str(len({r["node_id"] for r in rows}))
     assert runs["pack"].data.tags["fedsweep.nodes"] == "1"
     assert runs["spread"].data.tags["fedsweep.nodes"] == "2"
