@@ -14,18 +14,17 @@ import time
 from typing import Any
 
 from fedsweep.federation import COMPUTE_THREADS, Client, Server, Setup, compute_threads
-from fedsweep.pool import ClientPool, Host, LocalHost, host_clients
+from fedsweep.pool import ClientPool, Gather, Host, LocalHost, host_clients
 
 
 class Engine:
     """An experiment's server and pool. Subclasses make remote hosts (:meth:`remote_hosts`); here there are none,
     and every host of the layout is a :class:`LocalHost` over one set of :class:`Client` objects."""
 
-    def __init__(self, cfg: Any, dataset: Any = None):
-        """``dataset``: the experiment's federated dataset when the caller built it already (once per command)."""
+    def __init__(self, cfg: Any):
         self.experiment = -1
         self.pool: ClientPool | None = None
-        self.reset(cfg, dataset)
+        self.reset(cfg)
 
     def layout(self, cfg: Any) -> tuple[list[list[int]], bool]:
         """(clients held by each host, replicated): a worker pool's W hosts of every client, else blocks of
@@ -33,16 +32,17 @@ class Engine:
         r = cfg.resources
         return host_clients(cfg.num_clients, r.clients_per_actor, r.client_workers)
 
-    def remote_hosts(self, cfg: Any, dataset: Any, setup: Setup, holds: list[list[int]]) -> tuple[list[Host], Any]:
-        """The hosts that run outside this process, for ``holds[1:]`` of a worker pool or every block; here none
-        (every host local) and no gather function."""
+    def remote_hosts(self, cfg: Any, dataset: Any, setup: Setup, holds: list[list[int]]) -> tuple[list[Host], Gather | None]:
+        """The hosts that run outside this process, for ``holds[1:]`` of a worker pool or every block, and the
+        function that gathers their replies; here none (every host local)."""
         return [], None
 
-    def reset(self, cfg: Any, dataset: Any = None) -> None:
-        """Run experiment ``cfg`` next: its dataset, a fresh server and fresh client states."""
+    def reset(self, cfg: Any) -> None:
+        """Run experiment ``cfg`` next: its dataset (the one this command's checks built, if they did), a fresh
+        server and fresh client states."""
         from fedsweep.data import built_or_build
 
-        dataset = dataset if dataset is not None else built_or_build(cfg.data)
+        dataset = built_or_build(cfg.data)
         self.cfg = cfg
         self.experiment += 1
         self.diverged = False
@@ -50,12 +50,10 @@ class Engine:
         self.server = Server(setup, cfg.num_clients, cfg.eval_rounds())
         holds, replicated = self.layout(cfg)
         remote, gather = self.remote_hosts(cfg, dataset, setup, holds)
-        stacked = cfg.resources.vectorize_clients
-        local_ids = sorted({c for ids in holds[: len(holds) - len(remote)] for c in ids})
-        self.local = {c: Client(c, dataset.clients[c], setup) for c in local_ids}
-        local: list[Host] = [LocalHost({c: self.local[c] for c in ids}, stacked) for ids in holds[: len(holds) - len(remote)]]
-        kwargs = {"gather": gather} if gather is not None else {}
-        self.pool = ClientPool(local + remote, holds, replicated, cfg.num_clients, timeout_s=cfg.resources.round_timeout_s, **kwargs)
+        here = holds[: len(holds) - len(remote)]  # the hosts of this process
+        self.local = {c: Client(c, dataset.clients[c], setup) for c in sorted({c for ids in here for c in ids})}
+        local: list[Host] = [LocalHost({c: self.local[c] for c in ids}, cfg.resources.vectorize_clients) for ids in here]
+        self.pool = ClientPool(local + remote, holds, replicated, cfg.num_clients, gather, cfg.resources.round_timeout_s)
 
     def steps(self, first: int, last: int, clock_from: int) -> list[dict[str, float]]:
         """Rounds ``first`` to ``last`` in one call, stopping after a round that diverged; [] once one has (the

@@ -119,12 +119,11 @@ class ClientPool:
     host holds every client). See the module's docstring for the assignment and the fault model."""
 
     def __init__(self, hosts: list[Host], holds: list[list[int]], replicated: bool, num_clients: int,
-                 gather: Gather = _no_remote, timeout_s: float | None = None):
+                 gather: Gather | None = None, timeout_s: float | None = None):
         self.hosts = hosts
-        self.holds = holds
         self.replicated = replicated
         self.owner = {c: h for h, ids in enumerate(holds) for c in ids} if not replicated else {}
-        self.gather = gather
+        self.gather = gather or _no_remote
         self.timeout_s = timeout_s
         self.held: dict[int, ClientSnapshot] = {c: (None, 0) for c in range(num_clients)}
         self.fresh: dict[int, int] = {}  # client → the host holding its current state (after it trained there)
@@ -163,20 +162,21 @@ class ClientPool:
         self.orphaned -= again
 
     def _recover(self, hosts) -> None:
-        """Set lost hosts up again; one still down stays lost (its clients dropped from the call)."""
-        pending = [h for h in hosts if h in self.lost]
-        if not pending:
-            return
-        remote = {h: self.hosts[h].setup() for h in pending if self.hosts[h].remote}
-        replies, _ = self.gather(remote, None)
-        for h in pending:
-            if h in replies or not self.hosts[h].remote:
-                self.lost.discard(h)
+        """Set lost (always remote) hosts up again; one still down stays lost (its clients dropped from the call)."""
+        pending = self.lost.intersection(hosts)
+        if pending:
+            replies, _ = self.gather({h: self.hosts[h].setup() for h in pending}, None)
+            self.lost -= set(replies)
+
+    def _forget(self, h: int) -> set[int]:
+        """No client's current state is on host ``h`` any more; returns the clients whose state was."""
+        gone = {c for c, g in self.fresh.items() if g == h}
+        self.fresh = {c: g for c, g in self.fresh.items() if g != h}
+        return gone
 
     def _lose(self, h: int) -> None:
         self.lost.add(h)
-        self.orphaned |= {c for c, g in self.fresh.items() if g == h}
-        self.fresh = {c: g for c, g in self.fresh.items() if g != h}
+        self.orphaned |= self._forget(h)
 
     def _call(self, method: str, assigned: dict[int, list[int]], *args) -> dict[int, Any]:
         self._recover(assigned)
@@ -188,7 +188,7 @@ class ClientPool:
         for h in lost:
             self._lose(h)
         for h in set(handles) - set(got) - lost:  # a straggler may still run this call: its states are not current
-            self.fresh = {c: g for c, g in self.fresh.items() if g != h}
+            self._forget(h)
         return replies | got
 
     def train(self, payloads: dict[int, Payload], rnd: int) -> list[ClientMessage]:
