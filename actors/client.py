@@ -78,9 +78,13 @@ class ClientActor:
         self._check(experiment)
         return run_evaluate(self.clients, parts, unpack(packed), global_params, rnd)
 
+    @ray.method(max_task_retries=-1)
     def setup(self, args: tuple) -> None:
         """:meth:`reset` with the shards given as an object ref (which Ray does not resolve inside a tuple):
-        how the pool sets a restarted actor up again."""
+        how the pool sets a restarted actor up again. Retried by Ray until the actor is back: sent while it is
+        still restarting (seconds: a new process imports torch), a call with no retries fails at once with
+        ``ActorUnavailableError``, and the round's evaluation would miss its clients (seen in CI). Once the
+        actor's restarts are spent it fails with ``ActorDiedError`` and the pool keeps the host lost."""
         shards, *rest = args
         self.reset(ray.get(shards), *rest)
 

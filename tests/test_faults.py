@@ -82,15 +82,37 @@ def test_client_killed_mid_round_is_dropped_then_restarted(ray_session, tracking
     answered = metric(tracking_uri, run_id, "clients_answered")
     assert dropped == {1: 0.0, 2: 1.0, 3: 0.0, 4: 0.0}  # logged in MLflow, per round
     assert answered == {1: 3.0, 2: 2.0, 3: 3.0, 4: 3.0}  # Ray restarted the actor for round 3
-    # the restarted actor's client got its state from the last checkpoint once, before its next call
-    # (the round-2 evaluation, or round 3 when the actor was still coming back)
+    # the restarted actor is set up again for the round-2 evaluation (its set-up call waits for the restart)
+    # and its client gets its state from the pool's copy once, with that call
     restored = metric(tracking_uri, run_id, "clients_restored")
-    assert sum(restored.values()) == 1.0 and restored[1] == 0.0 and restored[4] == 0.0
+    assert restored == {1: 0.0, 2: 1.0, 3: 0.0, 4: 0.0}
     assert metric(tracking_uri, run_id, "clients_evaluated") == {r: 3.0 for r in range(ROUNDS + 1)}
     assert np.isfinite(history[-1]["global_loss"]) and 0 <= history[-1]["global_accuracy"] <= 1
     from mlflow import MlflowClient
 
     assert MlflowClient(tracking_uri).get_run(run_id).info.status == "FINISHED"
+
+
+def test_a_set_up_sent_while_the_actor_restarts_waits_for_it(ray_session):
+    """The CI failure of 2026-11-25: the pool sets a killed ClientActor up again while Ray is still restarting it
+    (a new process importing torch); that call must wait for the restart, not fail at once."""
+    from actors.client import ClientActor
+    from actors.server import ActorHost, RayCalls
+    from fedsweep.data import build_federated_dataset
+    from fedsweep.federation import Setup
+
+    cfg = ExperimentConfig.model_validate(config_dict())
+    ds = build_federated_dataset(cfg.data)
+    actor = ClientActor.options(num_cpus=0, max_restarts=1).remote()
+    host = ActorHost(actor, (ray_session.put({0: ds.clients[0]}), Setup.of(cfg, ds.num_features, ds.num_classes),
+                             False, False, 7), RayCalls(), 7)
+    pid = ray_session.get(actor.placement.remote())["pid"]
+    psutil.Process(pid).send_signal(signal.SIGKILL)
+    replies, lost = RayCalls.gather({0: host.setup()}, None)  # sent at once, while the actor is down
+    assert lost == set() and 0 in replies
+    assert ray_session.get(actor.placement.remote())["pid"] != pid  # a new process, holding the shard again
+    payloads = Server.of(cfg, ds.num_features, ds.num_classes).payloads([0])
+    assert [e.client_id for e in ray_session.get(host.evaluate({0: None}, payloads, None, 0))] == [0]
 
 
 def test_straggler_past_the_round_timeout_is_left_out(ray_session, tracking_uri):
