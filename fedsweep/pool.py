@@ -35,6 +35,12 @@ from fedsweep.federation import Client, ClientSnapshot, Payload, train_group
 Parts = dict[int, ClientSnapshot | None]
 
 
+#: How long a call waits for a lost host to be set up again (a restarted actor: a new process that imports torch,
+#: seconds; on a node that must be replaced, longer). Past it the host stays lost for the call, its clients
+#: dropped, and its next call asks again.
+RESTART_WAIT_S = 120.0
+
+
 class HostLost(RuntimeError):
     """A host died during a call, or came back empty (restarted): its clients' resident states are gone."""
 
@@ -165,7 +171,7 @@ class ClientPool:
         """Set lost (always remote) hosts up again; one still down stays lost (its clients dropped from the call)."""
         pending = self.lost.intersection(hosts)
         if pending:
-            replies, _ = self.gather({h: self.hosts[h].setup() for h in pending}, None)
+            replies, _ = self.gather({h: self.hosts[h].setup() for h in pending}, RESTART_WAIT_S)
             self.lost -= set(replies)
 
     def _forget(self, h: int) -> set[int]:
