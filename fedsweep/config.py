@@ -202,6 +202,11 @@ class ExperimentConfig(StrictModel):
         problem = hp.model_problem(self.model.name)
         if problem:
             raise ValueError(f"algorithm.name={hp.name} with model.name={self.model.name}: {problem}")
+        if self.resources.vectorize_clients and getattr(self.model, "norm", "none") != "none":
+            raise ValueError(
+                f"resources.vectorize_clients=true: model.norm={self.model.norm} keeps running statistics per client, "
+                "which a stacked step does not; allowed: false, or model.norm=none"
+            )
         if self.resources.vectorize_clients and not ALGORITHMS[hp.name](hp).can_vectorize():
             raise ValueError(
                 f"resources.vectorize_clients=true: algorithm.name={hp.name} with transform "

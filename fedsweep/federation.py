@@ -17,7 +17,15 @@ import numpy as np
 import torch
 
 from fedsweep.algorithms import build_algorithm
-from fedsweep.algorithms.base import Algorithm, ClientContext, ClientMessage, HyperParameters, State, floats
+from fedsweep.algorithms.base import (
+    Algorithm,
+    ClientContext,
+    ClientMessage,
+    HyperParameters,
+    State,
+    floats,
+    weighted_average,
+)
 from fedsweep.algorithms.stacked import StackedContext, row, stack_states, stat_of
 from fedsweep.client_data import ClientData
 from fedsweep.evaluation import ClientEval, score, summarize
@@ -26,6 +34,12 @@ from fedsweep.models import FlatModel, ModelConfig, build_model
 Payload = dict[str, np.ndarray]
 #: A client in a checkpoint: (its algorithm state or None before it first trained, times trained).
 ClientSnapshot = tuple[Payload | None, int]
+
+#: The key under which normalization statistics (:attr:`FlatModel.stats`) travel in a payload or a message, and
+#: are kept in a client's state. They travel with the global model, averaged by the server as FedAvg averages a
+#: model (weighted by samples), exactly when the method has one; a method without a global model (FedBN, FedPer,
+#: Local) leaves each client its own. The algorithms never see the key.
+STATS = "norm_stats"
 
 # Streams of randomness, kept apart so that e.g. evaluation never shifts training batches.
 _TRAIN, _EVAL, _SAMPLE = 1, 2, 3
@@ -108,15 +122,35 @@ class Client:
             self.state = self.algorithm.init_client_state(self.model.initial_vector(self.seed).to(self.device))
         return self.state
 
-    def train(self, payload: Payload, rnd: int) -> ClientMessage:
+    def _received(self, payload: Payload) -> tuple[State, torch.Tensor | None]:
+        """The payload as tensors without the statistics, and the statistics received (None: keep one's own)."""
         p = to_tensors(payload, self.device)
-        message, self.state, stats = self.algorithm.client_update(self.context(rnd), p, self.current_state())
+        return p, p.pop(STATS, None)
+
+    def train(self, payload: Payload, rnd: int) -> ClientMessage:
+        p, received = self._received(payload)
+        if received is not None:
+            self.model.stats = received
+        with self.model.train_mode():
+            message, self.state, stats = self.algorithm.client_update(self.context(rnd), p, self.current_state())
         self.times_trained += 1
+        if received is not None:
+            message = {**message, STATS: self.model.stats.clone()}
         return ClientMessage(self.client_id, self.data.num_train, to_numpy(message), stats)
 
     def evaluate(self, payload: Payload, global_params: np.ndarray | None, rnd: int) -> ClientEval:
-        """Scores of the personalized model and, when there is one, of the global model ``global_params``."""
-        p = to_tensors(payload, self.device)
+        """Scores of the personalized model and, when there is one, of the global model ``global_params`` (with
+        the statistics received, if any; the client's own are left as they were)."""
+        p, received = self._received(payload)
+        own = self.model.stats
+        if received is not None:
+            self.model.stats = received
+        try:
+            return self._evaluate(p, global_params, rnd)
+        finally:
+            self.model.stats = own
+
+    def _evaluate(self, p: State, global_params: np.ndarray | None, rnd: int) -> ClientEval:
         ctx = self.context(rnd, _EVAL)
         d = self.data
         personal_model = self.algorithm.predictor(ctx, self.algorithm.personalize(ctx, p, self.current_state()))
@@ -138,19 +172,26 @@ class Client:
         return out
 
     def snapshot(self) -> ClientSnapshot:
-        """What a checkpoint keeps of this client: its algorithm state and how often it trained."""
-        return (None if self.state is None else to_numpy(self.state)), self.times_trained
+        """What a checkpoint keeps of this client: its algorithm state (with its own normalization statistics,
+        if its model has any) and how often it trained."""
+        if self.state is None:
+            return None, self.times_trained
+        own = {} if self.model.stats is None else {STATS: self.model.stats.clone()}  # a copy: training updates them in place
+        return to_numpy(self.state | own), self.times_trained
 
     def load(self, snapshot: ClientSnapshot) -> None:
         state, self.times_trained = snapshot
         self.state = None if state is None else to_tensors(state, self.device)
+        stats = None if self.state is None else self.state.pop(STATS, None)
+        if self.model.stats is not None:
+            self.model.stats = self.model.initial_stats().to(self.device) if stats is None else stats
 
 
 def train_group(clients: list[Client], payloads: dict[int, Payload], rnd: int, stacked: bool) -> list[ClientMessage]:
     """Local training of clients hosted together: one after the other, or (``stacked``, where the algorithm
     declares it can) as one stacked computation (:mod:`fedsweep.algorithms.stacked`). A round whose clients'
     states differ in shape (e.g. Ditto before some clients have a personal model) falls back to one by one."""
-    if stacked and len(clients) > 1 and clients[0].algorithm.can_vectorize():
+    if stacked and len(clients) > 1 and clients[0].algorithm.can_vectorize() and clients[0].model.stats is None:
         messages = _train_stacked(clients, payloads, rnd)
         if messages is not None:
             return messages
@@ -200,6 +241,8 @@ class Server:
         self.model_floats = model.numel
         self.params = model.initial_vector(setup.seed)
         self.state = self.algorithm.init_server_state(self.params, num_clients)
+        #: The global normalization statistics (see :data:`STATS`); None when they do not travel.
+        self.stats = model.stats if self.algorithm.global_model(self.params, self.state) is not None else None
         self.eval_rounds = eval_rounds
         self.floats_up = 0
         self.floats_down = 0
@@ -216,7 +259,8 @@ class Server:
         return {
             "round": rnd,
             "params": self.params.numpy().copy(),
-            "server_state": to_numpy(self.state),
+            # the global statistics are kept as part of the server's state
+            "server_state": to_numpy(self.state | ({} if self.stats is None else {STATS: self.stats.clone()})),
             "floats_up": self.floats_up,
             "floats_down": self.floats_down,
             "clients": pool.snapshot(),
@@ -226,6 +270,8 @@ class Server:
         """Load :meth:`checkpoint`'s output; returns the round to run next."""
         self.params = torch.tensor(checkpoint["params"])
         self.state = {k: torch.tensor(v) for k, v in checkpoint["server_state"].items()}
+        stats = self.state.pop(STATS, None)
+        self.stats = stats if self.stats is not None else None
         self.floats_up, self.floats_down = int(checkpoint["floats_up"]), int(checkpoint["floats_down"])
         pool.load(checkpoint["clients"])
         return int(checkpoint["round"]) + 1
@@ -238,7 +284,8 @@ class Server:
 
     def payloads(self, client_ids: list[int]) -> dict[int, Payload]:
         """Each client's payload: the shared part (one array object for all) merged with its own part."""
-        shared = to_numpy(self.algorithm.server_payload(self.params, self.state))
+        shared = to_numpy(self.algorithm.server_payload(self.params, self.state)
+                          | ({} if self.stats is None else {STATS: self.stats}))
         own = {c: self.algorithm.client_payload(c, self.params, self.state) for c in client_ids}
         return {c: shared | to_numpy(own[c]) if own[c] else shared for c in client_ids}
 
@@ -261,10 +308,13 @@ class Server:
         messages = [m for m in replies if m.client_id in chosen]
         for m in messages:
             m.payload = {k: torch.from_numpy(np.array(v)) for k, v in m.payload.items()}
-        if messages:
-            self.params, self.state = self.algorithm.server_update(self.params, messages, self.state, self.num_clients)
         self.floats_down += sum(sum(int(v.size) for v in p.values()) for p in payloads.values())
         self.floats_up += sum(floats(m.payload) for m in messages)
+        stats = [m.payload.pop(STATS) for m in messages if STATS in m.payload]
+        if messages:
+            self.params, self.state = self.algorithm.server_update(self.params, messages, self.state, self.num_clients)
+        if stats:
+            self.stats = weighted_average(stats, [float(m.num_samples) for m in messages])
         losses = [m.stats["local_train_loss"] for m in replies if "local_train_loss" in m.stats]
         return {
             "clients_sampled": float(len(sampled)),

@@ -64,7 +64,8 @@ def auto_layout(raw: dict, cpus: int) -> dict:
 def _stacks(raw: dict) -> bool:
     """Whether the trial's clients can train as one stacked computation on a model it was measured for."""
     model, algorithm = raw.get("model", {}), raw.get("algorithm")
-    if not isinstance(model, dict) or model.get("name", "mlp") not in ("mlr", "mlp") or not isinstance(algorithm, dict):
+    if (not isinstance(model, dict) or model.get("name", "mlp") not in ("mlr", "mlp") or model.get("norm", "none") != "none"
+            or not isinstance(algorithm, dict)):
         return False
     try:
         hp = TypeAdapter(AlgorithmParams).validate_python(algorithm, strict=True)

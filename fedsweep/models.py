@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Literal
 
 import torch
@@ -12,6 +14,11 @@ from torch import nn
 from fedsweep.schema import StrictModel
 
 ACTIVATIONS = {"relu": nn.ReLU, "elu": nn.ELU, "tanh": nn.Tanh}
+
+
+Norm = Literal["none", "batch"]
+NORM_HELP = ("'batch': batch normalization after each hidden layer and convolution (before its activation), its running statistics "
+             "part of the model's state (FedBN keeps them and the layers' weights local); 'none': no normalization.")
 
 
 class MLRConfig(StrictModel):
@@ -26,6 +33,7 @@ class MLPConfig(StrictModel):
     name: Literal["mlp"] = "mlp"
     hidden: list[PositiveInt] = Field(default_factory=lambda: [20], min_length=1)
     activation: Literal["relu", "elu", "tanh"] = "relu"
+    norm: Norm = Field("none", description=NORM_HELP)
 
 
 class CNNConfig(StrictModel):
@@ -37,6 +45,7 @@ class CNNConfig(StrictModel):
     channels: list[PositiveInt] = Field(default_factory=lambda: [64, 64], min_length=2, max_length=2)
     hidden: list[PositiveInt] = Field(default_factory=lambda: [384, 192], min_length=1)
     kernel_size: PositiveInt = 5
+    norm: Norm = Field("none", description=NORM_HELP)
 
 
 ModelConfig = MLRConfig | MLPConfig | CNNConfig
@@ -55,7 +64,8 @@ def _cnn(cfg: CNNConfig, num_features: int, num_classes: int) -> nn.Sequential:
     c, side, _ = image_shape(num_features)
     layers: list[nn.Module] = [nn.Unflatten(1, (c, side, side))]
     for out in cfg.channels:
-        layers += [nn.Conv2d(c, out, cfg.kernel_size), nn.ReLU(), nn.MaxPool2d(2)]
+        layers += [nn.Conv2d(c, out, cfg.kernel_size), *([nn.BatchNorm2d(out)] if cfg.norm == "batch" else []),
+                   nn.ReLU(), nn.MaxPool2d(2)]
         side = (side - cfg.kernel_size + 1) // 2
         c = out
         if side < 1:
@@ -63,7 +73,7 @@ def _cnn(cfg: CNNConfig, num_features: int, num_classes: int) -> nn.Sequential:
     layers.append(nn.Flatten())
     width = c * side * side
     for h in cfg.hidden:
-        layers += [nn.Linear(width, h), nn.ReLU()]
+        layers += [nn.Linear(width, h), *([nn.BatchNorm1d(h)] if cfg.norm == "batch" else []), nn.ReLU()]
         width = h
     layers.append(nn.Linear(width, num_classes))
     return nn.Sequential(*layers)
@@ -77,7 +87,7 @@ def build_model(cfg: ModelConfig, num_features: int, num_classes: int) -> nn.Mod
     layers: list[nn.Module] = []
     width = num_features
     for h in cfg.hidden:
-        layers += [nn.Linear(width, h), ACTIVATIONS[cfg.activation]()]
+        layers += [nn.Linear(width, h), *([nn.BatchNorm1d(h)] if cfg.norm == "batch" else []), ACTIVATIONS[cfg.activation]()]
         width = h
     layers.append(nn.Linear(width, num_classes))
     return nn.Sequential(*layers)
@@ -208,9 +218,36 @@ class FlatModel:
         self.layout = default_layout(module)
         # The representation r_w(x): everything before the last layer (the input itself for MLR).
         self._body = module[:-1] if isinstance(module, nn.Sequential) and len(module) > 1 else None
+        # Normalization statistics (batch norm's running mean and variance), one flat vector beside the parameters:
+        # batch statistics are used and folded into them while ``training``; they are used otherwise.
+        float_buffers = [(n, b) for n, b in module.named_buffers() if b.is_floating_point()]
+        self._stat_names = [n for n, _ in float_buffers]
+        self._stat_shapes = [b.shape for _, b in float_buffers]
+        self._counters = {n: b for n, b in module.named_buffers() if not b.is_floating_point()}  # unused: momentum is set
+        self.stats: torch.Tensor | None = self.initial_stats()
+        self.training = False
+
+    def initial_stats(self) -> torch.Tensor | None:
+        """The statistics of a fresh model (mean 0, variance 1), flattened; None for a model without any."""
+        if not self._stat_names:
+            return None
+        fresh = dict(self.module.named_buffers())
+        return torch.cat([torch.zeros_like(fresh[n]).flatten() if n.endswith("running_mean")
+                          else torch.ones_like(fresh[n]).flatten() for n in self._stat_names])
+
+    @contextmanager
+    def train_mode(self) -> Iterator[None]:
+        """Calls in the block normalize with batch statistics and fold them into :attr:`stats` (local training)."""
+        self.training = True
+        try:
+            yield
+        finally:
+            self.training = False
 
     def to(self, device: torch.device | str) -> FlatModel:
         self.module.to(device)
+        if self.stats is not None:
+            self.stats = self.stats.to(device)
         return self
 
     def initial_vector(self, seed: int) -> torch.Tensor:
@@ -232,12 +269,30 @@ class FlatModel:
             offset += n
         return out
 
+    def _tensors(self, vector: torch.Tensor, keep=None) -> dict[str, torch.Tensor]:
+        """Parameters (views of ``vector``) and statistics (views of :attr:`stats`, updated in place while
+        training) by name, those ``keep`` accepts."""
+        out = self.unflatten(vector)
+        if self.stats is not None:
+            offset = 0
+            for name, shape in zip(self._stat_names, self._stat_shapes):
+                n = shape.numel()
+                out[name] = self.stats[offset : offset + n].view(shape)
+                offset += n
+            out |= {n: c.clone() for n, c in self._counters.items()}
+        return out if keep is None else {k: v for k, v in out.items() if keep(k)}
+
+    def _apply(self, module: nn.Module, tensors: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        if self.stats is not None:
+            module.train(self.training)
+        return torch.func.functional_call(module, tensors, (x,))
+
     def features(self, vector: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """r_w(x), the model's input to its last layer."""
         if self._body is None:
             return x
-        params = {k: v for k, v in self.unflatten(vector).items() if k not in self.layout.groups["head"]}
-        return torch.func.functional_call(self._body, params, (x,))
+        head = set(self.layout.groups["head"])
+        return self._apply(self._body, self._tensors(vector, lambda k: k not in head), x)
 
     def __call__(self, vector: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        return torch.func.functional_call(self.module, self.unflatten(vector), (x,))
+        return self._apply(self.module, self._tensors(vector), x)

@@ -217,11 +217,13 @@ def diverged_settings(runs: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def _pm(mean: float, half: float, percent: bool, digits: int = 4) -> str:
+def _pm(mean: float, half: float, percent: bool, digits: int = 4, missing: str = "—") -> str:
+    """mean ± half-width; ``missing`` where there is no value (a method without a global model has no global
+    accuracy; a target column says "not reached")."""
     scale = 100.0 if percent else 1.0
     digits = 2 if percent else digits
     if math.isnan(mean):
-        return "not reached"
+        return missing
     if math.isnan(half):
         return f"{mean * scale:.{digits}f} ± n/a"
     return f"{mean * scale:.{digits}f} ± {half * scale:.{digits}f}"
@@ -243,7 +245,8 @@ def to_markdown(table: pd.DataFrame) -> str:
         cells = [str(r["algorithm"]), str(r["best setting"]), str(r["settings tried"]), str(r["seeds"])]
         cells += [str(r["stopped early"])] if stopped else []
         cells += [
-            _pm(r[f"{m} mean"], r[f"{m} ci95"], m not in TARGET_COLUMNS and "accuracy" in m, 1 if m in TARGET_COLUMNS else 4)
+            _pm(r[f"{m} mean"], r[f"{m} ci95"], m not in TARGET_COLUMNS and "accuracy" in m, 1 if m in TARGET_COLUMNS else 4,
+                "not reached" if m in TARGET_COLUMNS else "—")
             for m in metrics
         ]
         cells += [str(r["seeds reaching target"])] if target else []

@@ -23,11 +23,12 @@ from tests.conftest import config_dict
 NAMES = sorted(ALGORITHMS)
 
 
-def config(name: str, rounds: int = 4, **algorithm):
-    """A tiny experiment every algorithm can run: 4 digits clients, half sampled each round, an MLP."""
+def config(name: str, rounds: int = 4, norm: str = "none", **algorithm):
+    """A tiny experiment every algorithm can run: 4 digits clients, half sampled each round, an MLP (with batch
+    normalization: ``norm="batch"``)."""
     return validate(config_dict(
         data={"num_clients": 4},
-        model={"name": "mlp", "hidden": [8]},
+        model={"name": "mlp", "hidden": [8], "norm": norm},
         algorithm={"_replace": True, "name": name, "local_steps": 2, "batch_size": 8, "participation_rate": 0.5, **algorithm},
         rounds=rounds, eval_every=2,
     ))
@@ -153,7 +154,8 @@ def test_global_metrics_exist_exactly_when_there_is_a_global_model(name):
 @pytest.mark.ray
 def test_every_algorithm_gives_the_same_numbers_in_process_and_on_actors(ray_session):
     """One ServerActor and two ClientActors (two clients each), reset to each algorithm in turn (a sweep's warm
-    actors): every algorithm's history and global vector equal the in-process run's."""
+    actors): every algorithm's history and global vector equal the in-process run's; FedAvg and FedBN again on a
+    model with batch normalization (statistics shared with the global model, or kept by each client)."""
     from fedsweep.experiment import ExperimentRunner
 
     def on_actors(cfg):
@@ -163,8 +165,8 @@ def test_every_algorithm_gives_the_same_numbers_in_process_and_on_actors(ray_ses
     runner = ExperimentRunner(first)
     try:
         runner.start()
-        for name in NAMES:
-            cfg = on_actors(config(name))
+        for name, norm in [(n, "none") for n in NAMES] + [("fedavg", "batch"), ("fedbn", "batch")]:
+            cfg = on_actors(config(name, norm=norm))
             ray_session.get(runner.server.reset.remote(cfg))
             runner.cfg = cfg
             history = [{k: v for k, v in m.items() if k != "wall_time_s"} for m in runner.rounds(pipelined=True)]

@@ -135,3 +135,15 @@ def test_max_over_rounds_ranks_and_reports_each_runs_best_round(tmp_path, capsys
     assert main(["table", "--experiment", "peak-test", "--tracking-uri", uri, "--max-over-rounds",
                  "--last-evaluations", "3"]) == 2
     assert "--max-over-rounds and --last-evaluations exclude each other" in capsys.readouterr().err
+
+
+def test_a_metric_a_method_does_not_have_is_a_dash_not_a_miss(store):
+    """A method without a global model (Local, FedPer, FedBN, ...) logs no global_accuracy: its cell says so."""
+    runs, _ = load_runs(store, "table-test", target_accuracy=0.95)
+    table = best_settings(runs, "personalized_accuracy_mean").reset_index(drop=True)
+    table.loc[0, ["global_accuracy mean", "global_accuracy ci95"]] = math.nan
+    row = to_markdown(table).splitlines()[-len(table) :][0]
+    head = to_markdown(table).splitlines()[-len(table) - 2].split(" | ")
+    cells = row.split(" | ")
+    assert cells[head.index("global_accuracy (%)")] == "—"
+    assert cells[head.index("rounds_to_target")] == "not reached"
