@@ -208,10 +208,10 @@ class ExperimentConfig(StrictModel):
                 "which a stacked step does not; allowed: false, or model.norm=none"
             )
         if self.resources.vectorize_clients and not ALGORITHMS[hp.name](hp).can_vectorize():
+            why = f" with transform {hp.transform!r}" if getattr(hp, "transform", None) == "proto" else ""
             raise ValueError(
-                f"resources.vectorize_clients=true: algorithm.name={hp.name} with transform "
-                f"{getattr(hp, 'transform', 'proto')!r} trains its clients one by one; allowed: false, or an "
-                "algorithm without the proto transform"
+                f"resources.vectorize_clients=true: algorithm.name={hp.name}{why} trains its clients one by one; "
+                "allowed: false, or an algorithm whose step stacks (`fedsweep algorithms`)"
             )
         if self.model.name == "cnn":
             parameter_count(self.model, input_features(self.data), num_classes(self.data))  # raises if the inputs are not images it can take
