@@ -6,7 +6,6 @@ Checkpoints, stacking, transmissions and global metrics are in tests/test_confor
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import pytest
 import torch
@@ -20,27 +19,9 @@ from fedsweep.algorithms.pfedhn import PFedHN, PFedHNParams
 from fedsweep.engine import run_local
 from fedsweep.models import FlatModel, MLPConfig, build_model
 from tests.test_conformance import config
+from tests.test_layer_aware import Quadratic
 
 torch.set_default_dtype(torch.float32)
-
-
-@dataclass
-class Quadratic:
-    """A client whose loss is f(w) = ½ wᵀAw − bᵀw on every batch (∇f = Aw − b); its training set is (A, b)."""
-
-    a: torch.Tensor
-    b: torch.Tensor
-    model: object = None
-
-    def loss(self, w, batch):
-        a, b = batch
-        return 0.5 * w @ a @ w - b @ w
-
-    def batch(self, batch_size):
-        return self.a, self.b
-
-    def train_data(self):
-        return self.a, self.b
 
 
 def tiny_client(n: int, seed: int, model: FlatModel) -> ClientContext:
