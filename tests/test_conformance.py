@@ -45,12 +45,9 @@ def test_every_module_of_the_package_registers_what_it_defines():
         assert cls.name == name and cls.Params.model_fields["name"].default == name
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_a_checkpoint_round_trip_is_bit_for_bit(name, tmp_path):
-    """Two rounds, a checkpoint through the storage, a fresh engine restored from it, two more rounds: the
-    uninterrupted run's numbers and states exactly."""
-    cfg = config(name)
-    reference, server = run_local(cfg)
+def resumed_run(cfg, tmp_path) -> tuple[list[dict], Engine]:
+    """Two rounds, a checkpoint through the storage, a fresh engine restored from it, the remaining rounds: the
+    history (without wall times) and the restored engine."""
     with compute_threads():
         first = Engine(cfg)
         history = [m for r in range(3) for m in first.steps(r, r, 1)]
@@ -62,6 +59,16 @@ def test_a_checkpoint_round_trip_is_bit_for_bit(name, tmp_path):
         history += [m for r in range(start, cfg.rounds + 1) for m in second.steps(r, r, start)]
     for m in history:
         m.pop("wall_time_s")
+    return history, second
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_checkpoint_round_trip_is_bit_for_bit(name, tmp_path):
+    """Two rounds, a checkpoint through the storage, a fresh engine restored from it, two more rounds: the
+    uninterrupted run's numbers and states exactly."""
+    cfg = config(name)
+    reference, server = run_local(cfg)
+    history, second = resumed_run(cfg, tmp_path)
     assert history == reference
     assert torch.equal(second.server.params, server.params)
     with compute_threads():

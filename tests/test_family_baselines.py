@@ -6,7 +6,6 @@ reductions on a real run are in tests/test_conformance.py.)"""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import pytest
 import torch
@@ -24,6 +23,7 @@ from fedsweep.engine import run_local
 from fedsweep.loading import validate
 from fedsweep.models import FlatModel, MLPConfig, build_model
 from tests.conftest import config_dict
+from tests.test_layer_aware import Quadratic as LayerAwareQuadratic
 
 torch.set_default_dtype(torch.float32)
 
@@ -139,21 +139,12 @@ def test_fedavgm_without_momentum_at_step_one_is_the_fedavg_average():
 # ---------------------------------------------------------------- FedNova
 
 
-@dataclass
-class Quadratic:
-    """A client with n samples whose loss is f(w) = ½ wᵀAw − bᵀw on every batch."""
+class Quadratic(LayerAwareQuadratic):
+    """test_layer_aware's quadratic client f(w) = ½ wᵀAw − bᵀw, with n samples (what FedNova's epochs count)."""
 
-    a: torch.Tensor
-    b: torch.Tensor
-    n: int
-    model: object = None
-
-    def loss(self, w, batch):
-        a, b = batch
-        return 0.5 * w @ a @ w - b @ w
-
-    def batch(self, batch_size):
-        return self.a, self.b
+    def __init__(self, a: torch.Tensor, b: torch.Tensor, n: int):
+        super().__init__(a, b)
+        self.n = n
 
     def train_data(self):
         return torch.zeros(self.n, 1), torch.zeros(self.n)

@@ -8,15 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from fedsweep import checkpoint as checkpoint_files
 from fedsweep.algorithms.base import ClientContext, ClientData, ClientMessage, floats
 from fedsweep.algorithms.fedbn import FedBN, FedBNParams
 from fedsweep.engine import Engine, run_local
 from fedsweep.federation import STATS, Client, Setup, compute_threads
 from fedsweep.loading import validate
 from fedsweep.models import CNNConfig, FlatModel, MLPConfig, build_model
-from fedsweep.storage import Storage
 from tests.conftest import config_dict
+from tests.test_conformance import resumed_run
 
 
 def config(name: str, rounds: int = 4, **resources):
@@ -120,17 +119,7 @@ def test_the_global_statistics_are_the_sample_weighted_mean_of_the_clients():
 def test_a_checkpoint_keeps_every_clients_statistics_bit_for_bit(name, tmp_path):
     cfg = config(name)
     reference, _ = run_local(cfg)
-    with compute_threads():
-        first = Engine(cfg)
-        history = [m for r in range(3) for m in first.steps(r, r, 1)]
-        storage = Storage(str(tmp_path))
-        checkpoint_files.save_latest(first.checkpoint(2), storage, storage.path("trial"))
-        saved, _ = checkpoint_files.load_latest(storage, storage.path("trial"))
-        second = Engine(cfg)
-        start = second.restore(saved)
-        history += [m for r in range(start, cfg.rounds + 1) for m in second.steps(r, r, start)]
-    for m in history:
-        m.pop("wall_time_s")
+    history, second = resumed_run(cfg, tmp_path)
     assert history == reference
     held = [second.pool.held[c][0] for c in range(4)]
     assert all(s is None or STATS in s for s in held) and any(s is not None for s in held)
