@@ -6,12 +6,13 @@ Client i takes τ_i local SGD steps from x (heavy-ball momentum ρ optional, buf
     g ← ρ g + ∇f_i(y; D),    y ← y − β g,
 
 so that x − y_i = β G_i a_i: the s-th gradient (column of G_i) weighs a_{i,s} = (1 − ρ^{τ_i − s + 1})/(1 − ρ), and
-(the paper's a_i for vanilla and for momentum SGD)
+(the paper's Δ_i = −η G_i a_i, and its a_i for vanilla and for momentum SGD, Sec. 4.1)
 
     ‖a_i‖₁ = τ_i (ρ = 0),    ‖a_i‖₁ = [τ_i − ρ(1 − ρ^{τ_i})/(1 − ρ)] / (1 − ρ) (momentum),
 
 and sends the normalized update d_i = (x − y_i)/‖a_i‖₁ with ‖a_i‖₁ (P + 1 floats up, P down). The server (normalized
-averaging, the paper's FedNova update):
+averaging, the paper's FedNova update: its general rule, Eq. 4, with w_i = p_i, Sec. 5; τ_eff the value Eq. 6
+implies for the client's a_i):
 
     τ_eff = Σ_{i∈S} p_i ‖a_i‖₁,    x ← x − τ_eff Σ_{i∈S} p_i d_i,
 

@@ -1,20 +1,22 @@
 """FedProto (Tan, Long, Liu, Zhou, Lu, Jiang, Zhang, AAAI 2022, "FedProto: Federated Prototype Learning across
-Heterogeneous Clients"), Algorithm 1.
+Heterogeneous Clients"), Algorithm 1. Equation numbers are the AAAI version's.
 
 Clients exchange class prototypes instead of parameters. With r_w(x) the representation (the model's input to its
 last layer) and D_{i,j} client i's training samples of class j, client i's local prototype of class j is
 
-    C_i^(j) = (1/|D_{i,j}|) Σ_{(x,y)∈D_{i,j}} r_{w_i}(x),
+    C_i^(j) = (1/|D_{i,j}|) Σ_{(x,y)∈D_{i,j}} r_{w_i}(x),                  (Eq. 3)
 
 and the server's global prototype averages the prototypes of the clients N_j that hold class j, weighted by their
 counts (``prototype_weighting: counts``, the paper's aggregation rule):
 
-    C̄^(j) = Σ_{i∈N_j} |D_{i,j}| C_i^(j) / Σ_{i∈N_j} |D_{i,j}|.
+    C̄^(j) = Σ_{i∈N_j} |D_{i,j}| C_i^(j) / Σ_{i∈N_j} |D_{i,j}|.      (Eq. 6, Alg. 1 server line 6; as printed,
+                                                        Eq. 6 also divides by |N_j|)
 
 A sampled client takes τ SGD steps on its own model w_i (from where it left it; nothing of it is ever sent) with the
 local objective, cross-entropy plus λ times the distance of each representation to the global prototype of its label,
 
     w_i ← w_i − β ∇[ CE(w_i; D) + λ · (1/(|D|·d)) Σ_{(x,y)∈D, y∈N} ‖r_{w_i}(x) − C̄^(y)‖² ],
+                                      (Eq. 7; Alg. 1 LocalUpdate lines 3-5; Eq. 8's L_R taken per sample)
 
 (d the representation's width; the normalisation is the authors' ``nn.MSELoss`` over the batch, in which samples of
 classes without a global prototype count with distance 0), then computes its prototypes with the trained model on
@@ -24,11 +26,12 @@ prototype and the objective is the cross-entropy alone (the code's ``loss2 = 0*l
 Floats per sampled client and round: up C·d prototypes + C counts; down the same (global prototypes and counts).
 The model w_i stays on the client; there is no global model (the global metrics are absent).
 
-Evaluation (``evaluation: prototypes``, the default): a test point gets the class of its nearest global prototype,
-score −‖r_{w_i}(x) − C̄^(j)‖²/d, among the classes that have a global prototype and occur in the client's training
-data; the other classes score −100 (the authors' ``test_inference_new_het_lt``, "with protos": a distance matrix
-initialised to 100 and filled for the client's classes). A client none of whose classes has a global prototype yet
-uses its own classifier. ``evaluation: classifier`` scores the local model's own classifier (the code's "w/o protos").
+Evaluation (``evaluation: prototypes``, the default): a test point gets the class of its nearest global prototype
+(Eq. 4), score −‖r_{w_i}(x) − C̄^(j)‖²/d, among the classes that have a global prototype and occur in the client's
+training data; the other classes score −100 (the authors' ``test_inference_new_het_lt``, "with protos": a distance
+matrix initialised to 100 and filled for the client's classes). A client none of whose classes has a global
+prototype yet uses its own classifier. ``evaluation: classifier`` scores the local model's own classifier (the code's
+"w/o protos").
 
 Ambiguities, and the authors' code followed (github yuetan031/fedproto, ``lib/update.py``,
 ``LocalUpdate.update_weights_het``; ``lib/utils.py``, ``agg_func`` and ``proto_aggregation``): the regularizer's

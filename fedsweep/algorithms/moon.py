@@ -1,8 +1,8 @@
 """MOON (Li, He, Song, CVPR 2021, "Model-Contrastive Federated Learning", Algorithm 1).
 
-Client i receives w^t and takes τ SGD steps from it on the local objective of Algorithm 1 (PartyLocalTraining)
+Client i receives w^t and takes τ SGD steps from it on the local objective (Eq. 5) of Algorithm 1 (PartyLocalTraining)
 
-    ℓ = ℓ_sup(w; x, y) + μ ℓ_con,
+    ℓ = ℓ_sup(w; x, y) + μ ℓ_con,                                                  (Eq. 4)
     ℓ_con = −log [ exp(sim(z, z_glob)/T) / (exp(sim(z, z_glob)/T) + exp(sim(z, z_prev)/T)) ],
 
 averaged over the minibatch, with z = R_w(x) the representation of the model being trained, z_glob = R_{w^t}(x) of the
