@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint ui clean test-services
+.PHONY: setup demo test test-fast lint ui clean test-services
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,10 @@ lint: $(STAMP)
 # pytest exits 5 when it collects no test; that is a failure here, as is any other non-zero code.
 test: $(STAMP) lint test-services
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The inner loop: no Ray, no slow test, no real data (a test that starts Ray unmarked fails, tests/conftest.py).
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not ray and not slow and not real_data" $(PYTEST_ARGS)
 
 ui: $(STAMP)
 	$(BIN)/fedsweep ui

@@ -48,6 +48,26 @@ def config_dict(**sections) -> dict:
     return d
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """A test that takes the suite's Ray instance is a Ray test, marked or not (`make test-fast` deselects them)."""
+    for item in items:
+        if "ray_session" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.ray)
+
+
+@pytest.fixture(autouse=True)
+def _ray_only_in_ray_tests(request, monkeypatch):
+    """``ray.init`` fails in a test not marked ``ray``: the marker is what `make test-fast` trusts to leave Ray out."""
+    if request.node.get_closest_marker("ray") is None:
+        import ray
+
+        def refuse(*args, **kwargs):
+            raise AssertionError("this test starts Ray: mark it @pytest.mark.ray (or take the ray_session fixture)")
+
+        monkeypatch.setattr(ray, "init", refuse)
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     import ray

@@ -304,12 +304,14 @@ def synthetic_results():
     return {key: (hist[0]["personalized_accuracy_mean"], hist[-1]["personalized_accuracy_mean"]) for key, (hist, _) in runs.items()}
 
 
+@pytest.mark.slow
 def test_every_algorithm_improves_on_its_round_zero_accuracy(synthetic_results):
     # Proto starts high (nearest centroid on random features is already ~0.77 here), so no margin is imposed.
     for key, (start, end) in synthetic_results.items():
         assert end > start, (key, start, end)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key", ["perfedavg", "pfedme", "pfldyn", "ditto"])
 def test_personalized_algorithms_beat_fedavgs_global_model(synthetic_results, key):
     # FedAvg with α = 0 scores its global model: its "personalized" mean is the global model's mean over clients.

@@ -160,6 +160,7 @@ def test_run_command_logs_one_run_with_progress(tmp_path):
     assert [m.step for m in c.get_metric_history(runs[0].info.run_id, "global_accuracy")] == [0, 1, 2, 3]
 
 
+@pytest.mark.slow
 def test_run_command_runs_a_one_process_layout_in_its_own_process(tmp_path):
     """A file without a layout, a stacked model: the chosen layout is one process, which `fedsweep run` runs
     itself, starting no Ray; every round in MLflow, the run tagged, the time to the first round logged."""

@@ -8,6 +8,8 @@ and messages actually sent, and (on Ray) the same numbers in process and on acto
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -96,6 +98,15 @@ def test_clients_that_do_not_train_keep_their_state(name):
                     assert after[c][1] == before[c][1] + 1
 
 
+def stacked_config(cfg):
+    return validate({**cfg.model_dump(), "resources": {**cfg.resources.model_dump(), "clients_per_actor": 4, "vectorize_clients": True}})
+
+
+def exactly(history: list[dict]) -> str:
+    """A history as text with every float's shortest exact repr (NaN equal to NaN): equal text, equal bits."""
+    return json.dumps([{k: v for k, v in m.items() if k != "wall_time_s"} for m in history], sort_keys=True)
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_stacked_training_equals_one_by_one_where_declared(name):
     cfg = config(name)
@@ -105,12 +116,22 @@ def test_stacked_training_equals_one_by_one_where_declared(name):
         with pytest.raises(Exception, match="vectorize_clients"):
             validate(raw)
         return
-    stacked = validate({**cfg.model_dump(), "resources": {**cfg.resources.model_dump(), "clients_per_actor": 4, "vectorize_clients": True}})
-    (one, s1), (many, s2) = run_local(cfg), run_local(stacked)
+    (one, s1), (many, s2) = run_local(cfg), run_local(stacked_config(cfg))
     assert torch.allclose(s1.params, s2.params, atol=1e-5)
     for a, b in zip(one, many):
         assert a.keys() == b.keys()
         assert all(np.isclose(a[k], b[k], atol=1e-4, equal_nan=True) for k in a), a["round"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_same_seed_repeats_bit_for_bit_in_process(name):
+    """Same seed, same config -> the same numbers: every round's metrics and the final global vector of two runs,
+    one by one and (where declared) stacked. The Ray paths are checked against these runs below."""
+    cfg = config(name)
+    for c in [cfg, stacked_config(cfg)] if ALGORITHMS[name](cfg.algorithm).can_vectorize() else [cfg]:
+        (h1, s1), (h2, s2) = run_local(c), run_local(c)
+        assert exactly(h1) == exactly(h2)
+        assert torch.equal(s1.params, s2.params)
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if ALGORITHMS[n].fedavg_reduction is not None])
@@ -159,26 +180,27 @@ def test_global_metrics_exist_exactly_when_there_is_a_global_model(name):
 
 
 @pytest.mark.ray
-def test_every_algorithm_gives_the_same_numbers_in_process_and_on_actors(ray_session):
-    """One ServerActor and two ClientActors (two clients each), reset to each algorithm in turn (a sweep's warm
-    actors): every algorithm's history and global vector equal the in-process run's; FedAvg and FedBN again on a
-    model with batch normalization (statistics shared with the global model, or kept by each client)."""
+@pytest.mark.parametrize("layout", [{"clients_per_actor": 2}, {"client_workers": 2}], ids=["blocks", "workers"])
+def test_every_algorithm_gives_the_same_numbers_in_process_and_on_actors(ray_session, layout):
+    """One ServerActor and two ClientActors, reset to each algorithm in turn (a sweep's warm actors), the clients in
+    blocks of two (each always on its actor) or spread over a pool of two workers: every algorithm, run twice,
+    gives the in-process run's history and global vector to the last bit; FedAvg and FedBN again on a model with
+    batch normalization (statistics shared with the global model, or kept by each client)."""
     from fedsweep.experiment import ExperimentRunner
 
     def on_actors(cfg):
-        return validate({**cfg.model_dump(), "resources": {**cfg.resources.model_dump(), "clients_per_actor": 2}})
+        return validate({**cfg.model_dump(), "resources": {**cfg.resources.model_dump(), **layout}})
 
-    first = on_actors(config(NAMES[0]))
-    runner = ExperimentRunner(first)
+    runner = ExperimentRunner(on_actors(config(NAMES[0])))
     try:
         runner.start()
         for name, norm in [(n, "none") for n in NAMES] + [("fedavg", "batch"), ("fedbn", "batch")]:
             cfg = on_actors(config(name, norm=norm))
-            ray_session.get(runner.server.reset.remote(cfg))
-            runner.cfg = cfg
-            history = [{k: v for k, v in m.items() if k != "wall_time_s"} for m in runner.rounds(pipelined=True)]
             local, server = run_local(cfg)
-            assert history == local, name
-            assert np.array_equal(ray_session.get(runner.server.global_params.remote()), server.params.numpy()), name
+            for _ in range(2):
+                ray_session.get(runner.server.reset.remote(cfg))
+                runner.cfg = cfg
+                assert exactly(list(runner.rounds(pipelined=True))) == exactly(local), name
+                assert np.array_equal(ray_session.get(runner.server.global_params.remote()), server.params.numpy()), name
     finally:
         runner.stop()
