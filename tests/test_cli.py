@@ -60,6 +60,7 @@ def fedsweep_main_batch(invocations: dict[str, tuple[list[str], Path]], timeout=
     return json.loads(r.stdout.splitlines()[-1])
 
 
+@pytest.mark.slow  # a fedsweep process per file or case: end to end, outside `make test-fast`
 def test_validate_ok_on_shipped_sweeps(tmp_path, full_size_image_root):
     # The MNIST/CIFAR protocols check their files and splits at validation: give them full-size stand-ins,
     # named relative to the folder the command is typed in (as FEDSWEEP_DATA_DIR=../shared/data is).
@@ -137,6 +138,7 @@ def test_validate_checks_every_file_and_fails_if_one_is_bad(bad_input_results):
     assert f"{ROOT / 'sweeps' / 'default.yaml'}: OK" in r["stdout"]  # the good file after the bad one is still checked
 
 
+@pytest.mark.slow  # a fedsweep process per file or case: end to end, outside `make test-fast`
 def test_bad_input_through_the_command_line_exits_2_before_ray_starts(tmp_path):
     # The same path as the batch above, through `python -m fedsweep.cli` and sys.exit: one case.
     r = fedsweep("sweep", str(_bad_file(tmp_path, "cannot fit")), cwd=tmp_path, timeout=120)

@@ -145,6 +145,7 @@ def outcomes(tmp_path_factory) -> dict:
     return json.loads(proc.stdout.splitlines()[-1])
 
 
+@pytest.mark.slow  # a fedsweep process per file or case: end to end, outside `make test-fast`
 def test_junk_gets_exit_2_and_the_tools_own_report(outcomes):
     results = outcomes["results"]
     crashed = {p: o["stderr"] for p, o in results.items() if o["rc"] not in (0, 2)}
