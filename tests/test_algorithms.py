@@ -296,8 +296,14 @@ SETTINGS.update({name: {"name": name} for name in ALGORITHMS if name not in {s["
 @pytest.fixture(scope="module")
 def synthetic_results():
     """(round-0, final) personalized accuracy per setting; the runs are independent, so they share the
-    machine's cores (fresh spawned processes, one thread each, as in the actors)."""
-    cfgs = {key: validate({**SYNTHETIC, "algorithm": {**SHARED, **algorithm}}) for key, algorithm in SETTINGS.items()}
+    machine's cores (fresh spawned processes, one thread each, as in the actors). A round's clients train stacked
+    where the algorithm declares it can (the layout fedsweep chooses for such a file)."""
+    def stacked(algorithm: dict) -> dict:
+        fits = ALGORITHMS[algorithm["name"]](validate({**SYNTHETIC, "algorithm": algorithm}).algorithm).can_vectorize()
+        return {"clients_per_actor": 20, "vectorize_clients": True} if fits else {}
+
+    cfgs = {key: validate({**SYNTHETIC, "algorithm": {**SHARED, **algorithm}, "resources": stacked({**SHARED, **algorithm})})
+            for key, algorithm in SETTINGS.items()}
     workers = min(len(cfgs), os.cpu_count() or 1)
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as ex:
         runs = dict(zip(cfgs, ex.map(run_local, cfgs.values())))
