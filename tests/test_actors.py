@@ -57,12 +57,10 @@ def test_fedavg_on_actors_follows_centralized_gd(ray_session):
 def test_actor_path_matches_in_process_and_repeats_exactly(ray_session):
     cfg = validate(config_dict(algorithm={"participation_rate": 0.6, "personalization_lr": 0.05}, rounds=4, eval_every=2))
     first, params1, info, table = run_actors(cfg)
-    second, params2, _, _ = run_actors(cfg)
     local, server = run_local(cfg)
-    assert strip_time(first) == strip_time(second)  # same seed, same config -> the same numbers
-    assert torch.equal(params1, params2)
     assert strip_time(first) == local  # actors only move tensors: identical to the in-process loop
-    assert strip_time(execute(cfg, logger=None)) == local  # rounds pipelined (the next sent before reading one)
+    # a second run on fresh actors, its rounds pipelined (the next sent before reading one): the same numbers again
+    assert strip_time(execute(cfg, logger=None)) == local
     assert torch.equal(params1, server.params)
     # One actor per client, each in its own process, on the CPU.
     assert [i["client_id"] for i in info] == [0, 1, 2]
