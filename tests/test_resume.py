@@ -22,7 +22,7 @@ from tests.conftest import config_dict
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 FEDSWEEP = str(Path(sys.executable).with_name("fedsweep"))
-TRIALS = 6
+TRIALS = 4
 
 
 def children(uri: str, view: str = "ACTIVE_ONLY"):
@@ -80,7 +80,7 @@ def test_killed_sweep_resumes_without_rerunning_or_duplicating(tmp_path, storage
     node that replaced the lost one: all it finds of the sweep is in the bucket and in MLflow."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     body = config_dict(
-        algorithm={"local_lr": {"grid": [0.1, 0.05, 0.02]}, "local_steps": 150}, rounds=6, eval_every=2,
+        algorithm={"local_lr": {"grid": [0.1, 0.05]}, "local_steps": 150}, rounds=6, eval_every=2,
         resources={"cluster_cpus": 2, "client_workers": 1}, tracking={"experiment": "resume", "tracking_uri": uri},
     )
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_RUN_ID")}
@@ -165,7 +165,7 @@ def test_killed_sweep_resumes_without_rerunning_or_duplicating(tmp_path, storage
         reference = run_local(sweep.trials[int(x.data.tags["fedsweep.trial_index"])].config)[0][-1]
         for key in ("personalized_accuracy_mean", "global_accuracy", "global_loss"):
             assert x.data.metrics[key] == pytest.approx(reference[key], rel=1e-9, abs=1e-12), key
-    assert "| fedavg | local_lr=" in r.stdout and "| 3 | 2 |" in r.stdout  # all 3 settings × 2 seeds in the table
+    assert "| fedavg | local_lr=" in r.stdout and "| 2 | 2 |" in r.stdout  # both settings × 2 seeds in the table
 
 
 def test_a_storage_that_cannot_be_reached_is_refused_before_anything_starts(tmp_path, s3_server):
