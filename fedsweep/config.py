@@ -207,8 +207,8 @@ class ExperimentConfig(StrictModel):
                 f"resources.vectorize_clients=true: model.norm={self.model.norm} keeps running statistics per client, "
                 "which a stacked step does not; allowed: false, or model.norm=none"
             )
-        algorithm = ALGORITHMS[hp.name](hp)
-        if self.resources.vectorize_clients and not algorithm.can_vectorize():
+        algorithm = ALGORITHMS[hp.name](hp) if self.resources.vectorize_clients else None
+        if algorithm is not None and not algorithm.can_vectorize():
             why = " (the proto transform)" if getattr(algorithm, "transform", None) == "proto" else ""
             raise ValueError(
                 f"resources.vectorize_clients=true: algorithm.name={hp.name}{why} trains its clients one by one; "

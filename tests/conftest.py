@@ -48,6 +48,14 @@ def config_dict(**sections) -> dict:
     return d
 
 
+def stacked(cfg):
+    """``cfg`` with all its clients in one block trained as one stacked computation (``vectorize_clients``)."""
+    from fedsweep.loading import validate
+
+    resources = {**cfg.resources.model_dump(), "clients_per_actor": cfg.data.num_clients, "vectorize_clients": True}
+    return validate({**cfg.model_dump(), "resources": resources})
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """A test that takes the suite's Ray instance is a Ray test, marked or not (`make test-fast` deselects them)."""

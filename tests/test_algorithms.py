@@ -19,7 +19,7 @@ from fedsweep.algorithms.transforms import proto_scores
 from fedsweep.engine import run_local
 from fedsweep.loading import validate
 from fedsweep.models import FlatModel, MLPConfig, MLRConfig, build_model
-from tests.conftest import config_dict
+from tests.conftest import config_dict, stacked
 
 torch.set_default_dtype(torch.float32)
 
@@ -298,11 +298,10 @@ def synthetic_results():
     """(round-0, final) personalized accuracy per setting; the runs are independent, so they share the
     machine's cores (fresh spawned processes, one thread each, as in the actors). A round's clients train stacked
     where the algorithm declares it can (the layout fedsweep chooses for such a file)."""
-    def stacked(algorithm: dict) -> dict:
-        fits = ALGORITHMS[algorithm["name"]](validate({**SYNTHETIC, "algorithm": algorithm}).algorithm).can_vectorize()
-        return {"clients_per_actor": 20, "vectorize_clients": True} if fits else {}
+    def stacked_where_declared(cfg):
+        return stacked(cfg) if ALGORITHMS[cfg.algorithm.name](cfg.algorithm).can_vectorize() else cfg
 
-    cfgs = {key: validate({**SYNTHETIC, "algorithm": {**SHARED, **algorithm}, "resources": stacked({**SHARED, **algorithm})})
+    cfgs = {key: stacked_where_declared(validate({**SYNTHETIC, "algorithm": {**SHARED, **algorithm}}))
             for key, algorithm in SETTINGS.items()}
     workers = min(len(cfgs), os.cpu_count() or 1)
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as ex:

@@ -20,7 +20,7 @@ from fedsweep.engine import Engine, run_local
 from fedsweep.federation import compute_threads
 from fedsweep.loading import validate
 from fedsweep.storage import Storage
-from tests.conftest import config_dict
+from tests.conftest import config_dict, stacked
 
 NAMES = sorted(ALGORITHMS)
 
@@ -98,10 +98,6 @@ def test_clients_that_do_not_train_keep_their_state(name):
                     assert after[c][1] == before[c][1] + 1
 
 
-def stacked_config(cfg):
-    return validate({**cfg.model_dump(), "resources": {**cfg.resources.model_dump(), "clients_per_actor": 4, "vectorize_clients": True}})
-
-
 def exactly(history: list[dict]) -> str:
     """A history as text with every float's shortest exact repr (NaN equal to NaN): equal text, equal bits."""
     return json.dumps([{k: v for k, v in m.items() if k != "wall_time_s"} for m in history], sort_keys=True)
@@ -116,7 +112,7 @@ def test_stacked_training_equals_one_by_one_where_declared(name):
         with pytest.raises(Exception, match="vectorize_clients"):
             validate(raw)
         return
-    (one, s1), (many, s2) = run_local(cfg), run_local(stacked_config(cfg))
+    (one, s1), (many, s2) = run_local(cfg), run_local(stacked(cfg))
     assert torch.allclose(s1.params, s2.params, atol=1e-5)
     for a, b in zip(one, many):
         assert a.keys() == b.keys()
@@ -128,7 +124,7 @@ def test_the_same_seed_repeats_bit_for_bit_in_process(name):
     """Same seed, same config -> the same numbers: every round's metrics and the final global vector of two runs,
     one by one and (where declared) stacked. The Ray paths are checked against these runs below."""
     cfg = config(name)
-    for c in [cfg, stacked_config(cfg)] if ALGORITHMS[name](cfg.algorithm).can_vectorize() else [cfg]:
+    for c in [cfg, stacked(cfg)] if ALGORITHMS[name](cfg.algorithm).can_vectorize() else [cfg]:
         (h1, s1), (h2, s2) = run_local(c), run_local(c)
         assert exactly(h1) == exactly(h2)
         assert torch.equal(s1.params, s2.params)
