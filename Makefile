@@ -35,12 +35,15 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 # pytest exits 5 when it collects no test; that is a failure here, as is any other non-zero code.
+# Two pytest workers, a test file each at a time (--dist loadfile: a module's shared sweep or server runs once):
+# the Ray tests mostly wait (process starts, polls), so two overlap on 2 cores. PYTEST_ARGS="-n 0" runs one.
+XDIST := -n 2 --dist loadfile
 test: $(STAMP) lint test-services
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 
 # The inner loop: no Ray, no slow test, no real data (a test that starts Ray unmarked fails, tests/conftest.py).
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -m "not ray and not slow and not real_data" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) -m "not ray and not slow and not real_data" $(PYTEST_ARGS)
 
 ui: $(STAMP)
 	$(BIN)/fedsweep ui

@@ -1,7 +1,12 @@
 """Benchmark — peer: Apple's pfl-research simulator against fedsweep's whole commands, on the same shards.
 
-Workload (issue 23): FedAvg on Synthetic(0.5, 0.5), 20 clients (at most 500 samples each), MLP 60-20-10,
-τ = 10 SGD steps of batch 20, r = 0.5 (10 clients a round), evaluation every 10 rounds, weighted aggregation.
+Workload: FedAvg, 20 clients, an MLP with one hidden layer of 20, τ = 10 SGD steps of batch 20, r = 0.5 (10 clients
+a round), evaluation every 10 rounds, weighted aggregation, on the data of ``--workload``:
+
+  capped     Synthetic(0.5, 0.5), at most 500 samples a client (issue 23's workload; MLP 60-20-10)
+  powerlaw   Synthetic(0.5, 0.5), the generator's power-law sizes uncapped (38 to 2,147 samples a client)
+  dirichlet  MNIST (``$FEDSWEEP_DATA_DIR``, else ../shared/data), every class divided over the clients in
+             Dirichlet(0.1) proportions (MLP 784-20-10)
 
   single   one run, local_lr 0.05, seed 0
   grid     16 settings: local_lr ∈ {0.1, 0.05, 0.02, 0.01} × seed ∈ {0, 1, 2, 3}, two at a time on the 2 cores
@@ -26,6 +31,7 @@ must be equal; the script exits 1 if any differs by more than ``--tolerance`` (d
 
     python3.11 -m venv ../venv-pfl && ../venv-pfl/bin/pip install "pfl[pytorch]==0.6.0" torch==2.13.0
     python benchmarks/pfl_peer.py --rounds 50 --repeats 3
+    python benchmarks/pfl_peer.py --rounds 200 --repeats 3 --workload powerlaw --flower-python ../venv-flower/bin/python
     python benchmarks/pfl_peer.py --rounds 200 --repeats 3 --only grid
     python benchmarks/pfl_peer.py --rounds 200 --repeats 1 --only grid --layouts default --flower-python ../venv-flower/bin/python
 """
@@ -51,6 +57,12 @@ sys.path.insert(0, str(ROOT))
 LRS = [0.1, 0.05, 0.02, 0.01]
 SEEDS = [0, 1, 2, 3]
 SINGLE = (0.05, 0)
+SYNTHETIC = {"dataset": "synthetic", "num_clients": 20, "alpha": 0.5, "beta": 0.5}
+WORKLOADS = {
+    "capped": {**SYNTHETIC, "max_samples_per_client": 500},
+    "powerlaw": SYNTHETIC,
+    "dirichlet": {"dataset": "mnist", "num_clients": 20, "partition": {"name": "dirichlet", "concentration": 0.1}},
+}
 EVAL_EVERY = 10
 CORES = "0,1"
 # layouts of fedsweep's resources section: what a user writes (nothing), and explicit choices
@@ -62,10 +74,10 @@ LAYOUTS = {
 }
 
 
-def experiment(rounds: int, lr: float | dict, seed: int, layout: str, db: Path) -> dict:
+def experiment(rounds: int, lr: float | dict, seed: int, layout: str, db: Path, workload: str) -> dict:
     return {
         "name": "peer", "seed": seed,
-        "data": {"dataset": "synthetic", "num_clients": 20, "alpha": 0.5, "beta": 0.5, "max_samples_per_client": 500},
+        "data": dict(WORKLOADS[workload]),
         "model": {"name": "mlp", "hidden": [20]},
         "algorithm": {"name": "fedavg", "local_lr": lr, "participation_rate": 0.5, "local_steps": 10, "batch_size": 20},
         "rounds": rounds, "eval_every": EVAL_EVERY,
@@ -74,7 +86,7 @@ def experiment(rounds: int, lr: float | dict, seed: int, layout: str, db: Path) 
     }
 
 
-def export(folder: Path, rounds: int) -> None:
+def export(folder: Path, rounds: int, workload: str) -> None:
     """The shards (data seed fixed) and, per experiment seed, the initial vector, each round's sampled clients and
     each sampled client's τ·B minibatch indices, drawn exactly as fedsweep's FedAvg client draws them."""
     import numpy as np
@@ -84,7 +96,7 @@ def export(folder: Path, rounds: int) -> None:
     from fedsweep.federation import _TRAIN, Client, Server, Setup
     from fedsweep.loading import validate
 
-    cfg = validate(experiment(rounds, SINGLE[0], 0, "default", folder / "unused.db"))
+    cfg = validate(experiment(rounds, SINGLE[0], 0, "default", folder / "unused.db", workload))
     ds = build_federated_dataset(cfg.data)
     cat = lambda xs: np.concatenate([x.numpy() for x in xs])
     np.savez(folder / "shards.npz",
@@ -163,10 +175,10 @@ def run_fedsweep(args, what: str, layout: str) -> tuple[float, dict]:
     db = folder / "mlflow.db"
     fedsweep = str(Path(sys.executable).with_name("fedsweep"))
     if what == "single":
-        body = experiment(args.rounds, SINGLE[0], SINGLE[1], layout, db)
+        body = experiment(args.rounds, SINGLE[0], SINGLE[1], layout, db, args.workload)
         cmd = [fedsweep, "run", "single.yaml", "--quiet"]
     else:
-        body = experiment(args.rounds, {"grid": LRS}, 0, layout, db)
+        body = experiment(args.rounds, {"grid": LRS}, 0, layout, db, args.workload)
         body["sweep"] = {"name": "peer", "seeds": SEEDS, "max_concurrent_trials": 2,
                          "storage_path": str(folder / "ray_results")}
         cmd = [fedsweep, "sweep", "grid.yaml", "--quiet"]
@@ -178,6 +190,7 @@ def run_fedsweep(args, what: str, layout: str) -> tuple[float, dict]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=50)
+    ap.add_argument("--workload", choices=list(WORKLOADS), default="capped")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--only", choices=["single", "grid"])
     ap.add_argument("--layouts", nargs="+", default=["default", "pool-vec"], choices=list(LAYOUTS))
@@ -188,10 +201,12 @@ def main() -> int:
     args = ap.parse_args()
 
     folder = Path(tempfile.mkdtemp(prefix="fedsweep-pfl-export-"))
-    export(folder, args.rounds)
+    export(folder, args.rounds, args.workload)
+    sizes = __import__("numpy").load(folder / "shards.npz")["n_train"]
     grid = [(lr, s) for s in SEEDS for lr in LRS]
-    print(f"FedAvg, Synthetic(0.5,0.5), 20 clients, MLP 60-20-10, τ=10, B=20, r=0.5, {args.rounds} rounds, eval every "
-          f"{EVAL_EVERY}; cores {CORES}; {args.repeats} repetitions, variants interleaved", flush=True)
+    print(f"FedAvg, workload {args.workload} ({json.dumps(WORKLOADS[args.workload])}; training samples a client "
+          f"{sizes.min()}-{sizes.max()}), τ=10, B=20, r=0.5, {args.rounds} rounds, eval every {EVAL_EVERY}; cores "
+          f"{CORES}; {args.repeats} repetitions, variants interleaved", flush=True)
     mismatches = 0
     for what in [args.only] if args.only else ["single", "grid"]:
         settings = [SINGLE] if what == "single" else grid

@@ -77,6 +77,11 @@ def _experiment(cfg: ExperimentConfig, overrides: dict, index: int, tracking: di
     sweep's storage and this experiment's folder there; kept by fedsweep, not Tune, so that what is stored never
     depends on when Tune last saved its own state); an experiment that starts again (resume, retry, on any node)
     goes on from the newest one."""
+    # A process Tune reuses for its next trial (reuse_actors) is reset only once this trial's thread has ended — its
+    # MLflow run closed, plots and table written — and Tune waits TUNE_FUNCTION_THREAD_TIMEOUT_S for that (2 s by
+    # default), then fails the *next* trial ("Trainable runner reuse requires reset_config() ..."). A trial ASHA
+    # stopped took longer than 2 s to close on a loaded 2-core machine (the suite under two pytest workers).
+    os.environ.setdefault("TUNE_FUNCTION_THREAD_TIMEOUT_S", "300")
     ctx = tune.get_context()
     saved = checkpoint_files.load_latest(*checkpoints) if checkpoints else None
     resume, run_id = saved[0] if saved else None, saved[1]["run_id"] if saved else None

@@ -38,10 +38,14 @@ BASE = {
 
 
 def config_dict(**sections) -> dict:
-    """BASE with top-level keys replaced and section dicts merged one level deep."""
+    """BASE with top-level keys replaced and section dicts merged one level deep; a section given as None is left
+    out (``resources=None``: the layout fedsweep chooses, one process per trial for these small models — what a
+    user's file without a layout gets, and the cheap choice for tests of sweeps, tracking and tables)."""
     d = copy.deepcopy(BASE)
     for key, value in sections.items():
-        if isinstance(value, dict) and isinstance(d.get(key), dict) and not value.get("_replace"):
+        if value is None:
+            d.pop(key, None)
+        elif isinstance(value, dict) and isinstance(d.get(key), dict) and not value.get("_replace"):
             d[key] = {**d[key], **value}
         else:
             d[key] = {k: v for k, v in value.items() if k != "_replace"} if isinstance(value, dict) else value

@@ -19,6 +19,10 @@ from tests.test_federation import centralized_gd, gd_config
 
 pytestmark = pytest.mark.ray
 
+# The ServerActor and one ClientActor hosting the 3 clients: for tests whose subject (the server's stop rules, its
+# pipelining, the placement group, the payload's way) does not depend on how many client processes there are.
+ONE_CLIENT_ACTOR = {"clients_per_actor": 3}
+
 
 def run_actors(cfg, after=lambda runner: None):
     """(history, final global vector, clients_info, client table) of ``cfg`` run on actors; ``after(runner)``
@@ -128,7 +132,8 @@ def test_a_payload_rides_in_the_calls_when_small_and_is_put_once_when_large(ray_
     assert RayCalls.broadcast(small) is small
     assert isinstance(RayCalls.broadcast(large), ray_session.ObjectRef)
     # MLP 64-400-10: 30,010 parameters, 120 KB a broadcast: through the object store, the same numbers.
-    cfg = validate(config_dict(model={"hidden": [400]}, algorithm={"participation_rate": 0.6}, rounds=2, eval_every=2))
+    cfg = validate(config_dict(model={"hidden": [400]}, algorithm={"participation_rate": 0.6}, rounds=2, eval_every=2,
+                               resources=ONE_CLIENT_ACTOR))
     history, params, _, _ = run_actors(cfg)
     local, server = run_local(cfg)
     assert strip_time(history) == local
@@ -138,7 +143,7 @@ def test_a_payload_rides_in_the_calls_when_small_and_is_put_once_when_large(ray_
 def test_placement_group_is_released(ray_session):
     from ray.util import placement_group_table
 
-    cfg = validate(config_dict(rounds=1))
+    cfg = validate(config_dict(rounds=1, resources=ONE_CLIENT_ACTOR))
     before = {k for k, v in placement_group_table().items() if v["state"] != "REMOVED"}
     execute(cfg, logger=None)
     after = {k for k, v in placement_group_table().items() if v["state"] != "REMOVED"}
@@ -146,7 +151,7 @@ def test_placement_group_is_released(ray_session):
 
 
 def test_divergence_stops_the_run(ray_session):
-    cfg = validate(config_dict(algorithm={"local_lr": 1e30, "local_steps": 5}, rounds=6, eval_every=2))
+    cfg = validate(config_dict(algorithm={"local_lr": 1e30, "local_steps": 5}, rounds=6, eval_every=2, resources=ONE_CLIENT_ACTOR))
     history = execute(cfg, logger=None)
     assert history[-1].get("diverged") == 1.0
     assert len(history) < 7
@@ -155,7 +160,8 @@ def test_divergence_stops_the_run(ray_session):
 def test_the_round_sent_ahead_of_a_diverged_one_does_nothing(ray_session):
     """Pipelined, round r + 1 is already on its way when round r's metrics say it diverged: the ServerActor
     must not run it, so the clients' training counts in the last evaluation are those of round r."""
-    cfg = validate(config_dict(algorithm={"local_lr": 1e30, "local_steps": 5, "participation_rate": 0.6}, rounds=6, eval_every=6))
+    cfg = validate(config_dict(algorithm={"local_lr": 1e30, "local_steps": 5, "participation_rate": 0.6}, rounds=6, eval_every=6,
+                               resources=ONE_CLIENT_ACTOR))
     runner = ExperimentRunner(cfg)
     try:
         runner.start()
@@ -179,7 +185,7 @@ def test_pipelined_rounds_reach_the_server_actor_one_call_per_evaluation_interva
 
 def test_pipelined_rounds_wait_for_a_checkpoint(ray_session):
     """The checkpoint of round 2 holds the state after round 2, not after round 3 (sent ahead otherwise)."""
-    cfg = validate(config_dict(algorithm={"participation_rate": 0.6}, rounds=5, eval_every=5))
+    cfg = validate(config_dict(algorithm={"participation_rate": 0.6}, rounds=5, eval_every=5, resources=ONE_CLIENT_ACTOR))
     taken = []
     history = execute(cfg, None, checkpoint_every=2, on_checkpoint=lambda m, ckpt: taken.append(ckpt))
     assert [c["round"] for c in taken] == [2, 4]

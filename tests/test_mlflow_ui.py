@@ -61,7 +61,7 @@ def postgres():
         time.sleep(0.5)
     subprocess.run([str(bin_dir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "mlflow"], check=True)
     yield f"postgresql://postgres@127.0.0.1:{port}/mlflow"
-    os.killpg(proc.pid, signal.SIGTERM)
+    os.killpg(proc.pid, signal.SIGINT)  # PostgreSQL's fast shutdown: the data is thrown away
     proc.wait(timeout=60)
     shutil.rmtree(folder, ignore_errors=True)
 
@@ -103,7 +103,7 @@ def logged_sweep(ray_session, mlflow_server, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ui-sweep")
     body = config_dict(
         algorithm={"local_lr": {"grid": [0.1, 0.05]}}, rounds=ROUNDS, eval_every=1,
-        tracking={"experiment": "ui-test", "tracking_uri": url},
+        tracking={"experiment": "ui-test", "tracking_uri": url}, resources=None,
     )
     body["sweep"] = {"name": "ui", "max_concurrent_trials": 2, "seeds": [0, 1], "storage_path": str(tmp / "ray_results")}
     (tmp / "ui.yaml").write_text(yaml.safe_dump(body))

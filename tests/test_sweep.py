@@ -30,6 +30,7 @@ def finished_sweep(ray_session, tracking_uri, tmp_path_factory):
         rounds=3,
         eval_every=2,
         tracking={"experiment": "sweep-test", "tracking_uri": tracking_uri},
+        resources=None,
     )
     body["sweep"] = {"name": "t", "max_concurrent_trials": 2, "seeds": [0, 1], "storage_path": str(tmp_path / "ray_results")}
     path = tmp_path / "sweep.yaml"
@@ -142,7 +143,9 @@ def test_every_algorithm_runs_as_a_tune_trial_and_gets_a_table_row(ray_session, 
     uri = f"sqlite:///{tmp / 'mlflow.db'}"
     points = [{"name": name} for name in ALGORITHMS]
     points += [{"name": "pfldyn", "transform": "proto"}, {"name": "pflscaf", "transform": "proto"}]
-    body = config_dict(rounds=2, eval_every=2, tracking={"experiment": "all", "tracking_uri": uri})
+    # one layout for every method (a worker pool of one, one by one): each trial process keeps its warm actor
+    body = config_dict(rounds=2, eval_every=2, tracking={"experiment": "all", "tracking_uri": uri},
+                       resources={"_replace": True, "client_workers": 1})
     body["algorithm"] = {"grid": [{**p, "local_steps": 2, "participation_rate": 0.6} for p in points]}
     body["sweep"] = {"name": "all", "max_concurrent_trials": 2, "storage_path": str(tmp / "ray_results")}
     path = tmp / "all.yaml"
@@ -168,7 +171,7 @@ def test_a_diverging_setting_stops_alone_and_the_table_reports_it(ray_session, t
     uri = f"sqlite:///{tmp / 'mlflow.db'}"
     body = config_dict(
         algorithm={"local_lr": {"grid": [0.1, 1e30]}}, rounds=5, eval_every=5,
-        tracking={"experiment": "diverge", "tracking_uri": uri},
+        tracking={"experiment": "diverge", "tracking_uri": uri}, resources=None,
     )
     body["sweep"] = {"name": "d", "max_concurrent_trials": 2, "storage_path": str(tmp / "ray_results")}
     (tmp / "d.yaml").write_text(yaml.safe_dump(body))

@@ -49,7 +49,6 @@ import math
 import numpy as np
 import torch
 from pydantic import Field
-from scipy.optimize import minimize
 
 from fedsweep.algorithms.base import (
     AggregationMixin,
@@ -106,6 +105,8 @@ def simplex_qp(p: np.ndarray) -> np.ndarray:
     if m == 1 or scale == 0:
         return np.full(m, 1.0 / m)
     q = p / scale
+    from scipy.optimize import minimize  # here: scipy.optimize adds 0.4 s to every process that imports the algorithms
+
     res = minimize(lambda a: a @ q @ a, np.full(m, 1.0 / m), jac=lambda a: 2 * q @ a, method="SLSQP",
                    bounds=[(0.0, 1.0)] * m, constraints=[{"type": "eq", "fun": lambda a: a.sum() - 1.0, "jac": lambda a: np.ones(m)}],
                    options={"ftol": 1e-12, "maxiter": 1000})
