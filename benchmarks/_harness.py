@@ -17,6 +17,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# The peer benchmarks' data sections (pfl_peer.py, flower_peer.py), 20 clients each: issue 23's capped Synthetic, its
+# uncapped power-law sizes, and a Dirichlet(0.1) split of MNIST.
+_SYNTHETIC = {"dataset": "synthetic", "num_clients": 20, "alpha": 0.5, "beta": 0.5}
+WORKLOADS = {
+    "capped": {**_SYNTHETIC, "max_samples_per_client": 500},
+    "powerlaw": _SYNTHETIC,
+    "dirichlet": {"dataset": "mnist", "num_clients": 20, "partition": {"name": "dirichlet", "concentration": 0.1}},
+}
+
 
 def measure(script: str, cores: str, args: list[str], timeout_s: float = 1800, python: str | None = None) -> dict:
     """One worker run; ``python`` is another interpreter (a separate virtual environment) if given."""

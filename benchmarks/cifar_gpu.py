@@ -6,6 +6,7 @@ issue 23 asks. Without a GPU the two CPU variants run instead (one at a time, st
 
     python benchmarks/cifar_gpu.py --data-dir DIR      # DIR holds cifar-10-batches-py/
     python benchmarks/cifar_gpu.py                      # stand-in files of CIFAR-10's size and format
+    python benchmarks/cifar_gpu.py --rounds 2 --clients 10 --clients-per-actor 5 --per-class 20   # CI size (tests)
 
 Without ``--data-dir`` the images are random bytes in CIFAR-10's exact files and shapes: the timings
 are those of the real workload, the accuracies mean nothing and are not printed.
@@ -33,13 +34,14 @@ from fedsweep.experiment import ExperimentRunner
 from fedsweep.loading import validate
 
 
-def stand_in_cifar10(root: Path) -> None:
+def stand_in_cifar10(root: Path, per_class: int = 1000) -> None:
+    """CIFAR-10's six files in its format, ``per_class`` random images of each class in each (1000: its sizes)."""
     rng = np.random.default_rng(0)
     folder = root / "cifar-10-batches-py"
     folder.mkdir(parents=True)
     for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-        labels = [c for c in range(10) for _ in range(1000)]
-        batch = {b"labels": labels, b"data": rng.integers(0, 256, (10000, 3072), dtype=np.uint8)}
+        labels = [c for c in range(10) for _ in range(per_class)]
+        batch = {b"labels": labels, b"data": rng.integers(0, 256, (len(labels), 3072), dtype=np.uint8)}
         (folder / name).write_bytes(pickle.dumps(batch, protocol=2))
 
 
@@ -57,10 +59,10 @@ class GPUSampler(threading.Thread):
             time.sleep(0.2)
 
 
-def run(root: Path, rounds: int, cpus: float, gpus: float, k: int, stacked: bool = False) -> dict:
+def run(root: Path, rounds: int, cpus: float, gpus: float, k: int, stacked: bool = False, clients: int = 100) -> dict:
     cfg = validate({
         "name": "cifar-gpu", "seed": 0,
-        "data": {"dataset": "cifar10", "root": str(root), "num_clients": 100,
+        "data": {"dataset": "cifar10", "root": str(root), "num_clients": clients,
                  "partition": {"name": "acid", "classes_per_client": 5}},
         "model": {"name": "cnn"},
         "algorithm": {"name": "pfldyn", "transform": "maml", "alpha": 0.01, "beta": 0.1, "lambda": 0.01,
@@ -97,14 +99,16 @@ def main() -> int:
     ap.add_argument("--data-dir", default=None)
     ap.add_argument("--rounds", type=int, default=11)
     ap.add_argument("--clients-per-actor", type=int, default=10)
+    ap.add_argument("--clients", type=int, default=100)
+    ap.add_argument("--per-class", type=int, default=1000, help="stand-in images of each class in each file")
     args = ap.parse_args()
     root = Path(args.data_dir) if args.data_dir else Path(tempfile.mkdtemp()) / "data"
     if not args.data_dir:
-        stand_in_cifar10(root)
+        stand_in_cifar10(root, args.per_class)
     gpus = torch.cuda.device_count()
     ray.init(num_cpus=os.cpu_count(), num_gpus=gpus, include_dashboard=False, log_to_driver=False)
-    actors = 100 // args.clients_per_actor
-    print(f"{torch.cuda.get_device_name(0) if gpus else 'no GPU'}, {os.cpu_count()} CPUs; 100 clients in {actors} "
+    actors = -(-args.clients // args.clients_per_actor)
+    print(f"{torch.cuda.get_device_name(0) if gpus else 'no GPU'}, {os.cpu_count()} CPUs; {args.clients} clients in {actors} "
           f"actors; {'real' if args.data_dir else 'stand-in'} CIFAR-10 files", flush=True)
     cpu_share = round((os.cpu_count() - 1) / actors, 2)
     variants = {"CPU actors, one client at a time": (cpu_share, 0.0, False)}
@@ -115,7 +119,7 @@ def main() -> int:
         variants |= {"CPU actors, stacked": (cpu_share, 0.0, True)}
     results = {}
     for name, (cpus, slice_, vectorize) in variants.items():
-        r = results[name] = run(root, args.rounds, cpus, slice_, args.clients_per_actor, vectorize)
+        r = results[name] = run(root, args.rounds, cpus, slice_, args.clients_per_actor, vectorize, args.clients)
         util = f", GPU utilisation mean {r['gpu_util_mean']:.0f}% max {r['gpu_util_max']:.0f}%, memory {r['gpu_mem_mb']:.0f} MB" if slice_ else ""
         print(f"{name} ({cpus} CPU, {slice_} GPU each): {r['rounds_per_s']:.3f} rounds/s, devices {r['devices']}{util}", flush=True)
     one, stacked = (("GPU actors, one client at a time", "GPU actors, stacked") if gpus else

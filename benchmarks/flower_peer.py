@@ -1,7 +1,8 @@
 """Benchmark 2 - peer: the same FedAvg workload under Flower's simulation engine and under fedsweep.
 
 Workload (issue 6, as benchmark 1): FedAvg on Synthetic(0.5, 0.5), 20 clients, MLP 60-20-10, τ = 10 SGD
-steps of batch 20 at lr 0.05, r = 0.5 (10 clients a round), 50 rounds, sample-count weighted average.
+steps of batch 20 at lr 0.05, r = 0.5 (10 clients a round), 50 rounds, sample-count weighted average;
+``--workload`` picks another data section of ``_harness.WORKLOADS`` (uncapped sizes, MNIST Dirichlet(0.1)).
 Both sides run on the same 2 cores (taskset), start their own Ray, and train every client with the
 same code: Flower's ClientApp calls fedsweep's :class:`fedsweep.federation.Client` on the client's
 shard, so data, model, initial vector and local steps are identical; what differs is the
@@ -35,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._harness import median, print_ratios, repeat, timed_actor_run
+from benchmarks._harness import WORKLOADS, median, print_ratios, repeat, timed_actor_run
 
 EVAL_EVERY = 10
 
@@ -48,8 +49,7 @@ def config(args, clients_per_actor: int = 1, vectorize: bool = False):
         {
             "name": "peer",
             "seed": args.seed,
-            "data": {"dataset": "synthetic", "num_clients": args.clients, "alpha": 0.5, "beta": 0.5,
-                     "max_samples_per_client": 500},
+            "data": {**WORKLOADS[args.workload], "num_clients": args.clients},
             "model": {"name": "mlp", "hidden": [20]},
             "algorithm": {"name": "fedavg", "local_lr": args.local_lr, "participation_rate": 0.5, "local_steps": 10,
                           "batch_size": 20},
@@ -148,6 +148,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--worker", choices=["fedsweep", "flower"])
     ap.add_argument("--clients", type=int, default=20)
+    ap.add_argument("--workload", choices=list(WORKLOADS), default="capped", help="the data (_harness.WORKLOADS)")
     ap.add_argument("--rounds", type=int, default=50)
     ap.add_argument("--local-lr", type=float, default=0.05)
     ap.add_argument("--seed", type=int, default=0)
@@ -161,13 +162,13 @@ def main() -> int:
         print(json.dumps((worker_fedsweep if args.worker == "fedsweep" else worker_flower)(args)))
         return 0
 
-    common = ["--clients", str(args.clients), "--rounds", str(args.rounds), "--pack", str(args.pack)]
+    common = ["--clients", str(args.clients), "--rounds", str(args.rounds), "--pack", str(args.pack), "--workload", args.workload]
     variants = {
         "flower": ("0,1", ["flower", *common], args.flower_python),
         "fedsweep": ("0,1", ["fedsweep", *common]),
         "fedsweep-vectorized": ("0,1", ["fedsweep", *common, "--vectorize"]),
     }
-    print(f"FedAvg, Synthetic(0.5,0.5), {args.clients} clients, MLP 60-20-10, τ=10, r=0.5, {args.rounds} rounds, "
+    print(f"FedAvg, {args.workload} {json.dumps(WORKLOADS[args.workload])}, {args.clients} clients, MLP hidden 20, τ=10, r=0.5, {args.rounds} rounds, "
           f"2 cores; {args.repeats} repetitions, interleaved", flush=True)
     res = repeat(__file__, variants, args.repeats)
     print("\nmedian wall time (s):        rounds only   whole run   final global accuracy (per repetition)")

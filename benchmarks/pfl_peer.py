@@ -54,15 +54,11 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._harness import WORKLOADS
+
 LRS = [0.1, 0.05, 0.02, 0.01]
 SEEDS = [0, 1, 2, 3]
 SINGLE = (0.05, 0)
-SYNTHETIC = {"dataset": "synthetic", "num_clients": 20, "alpha": 0.5, "beta": 0.5}
-WORKLOADS = {
-    "capped": {**SYNTHETIC, "max_samples_per_client": 500},
-    "powerlaw": SYNTHETIC,
-    "dirichlet": {"dataset": "mnist", "num_clients": 20, "partition": {"name": "dirichlet", "concentration": 0.1}},
-}
 EVAL_EVERY = 10
 CORES = "0,1"
 # layouts of fedsweep's resources section: what a user writes (nothing), and explicit choices
@@ -158,7 +154,7 @@ def run_flower(args, settings: list[tuple[float, int]]) -> tuple[float, dict]:
     accuracies are not expected to equal), one command per setting, two at a time as for pfl."""
     return two_at_a_time(settings, lambda s: [args.flower_python, str(ROOT / "benchmarks/flower_peer.py"), "--worker",
                                               "flower", "--rounds", str(args.rounds), "--local-lr", str(s[0]),
-                                              "--seed", str(s[1])])
+                                              "--seed", str(s[1]), "--workload", args.workload])
 
 
 def final_accuracies(db: Path) -> dict[tuple[float, int], float]:
