@@ -195,6 +195,7 @@ def main() -> int:
     ap.add_argument("--tolerance", type=float, default=0.0)
     ap.add_argument("--flower-python", help="also time Flower (flower_peer.py) in this interpreter's environment")
     args = ap.parse_args()
+    os.environ.setdefault("FEDSWEEP_DATA_DIR", str(ROOT.parent / "shared" / "data"))  # MNIST, for every process below
 
     folder = Path(tempfile.mkdtemp(prefix="fedsweep-pfl-export-"))
     export(folder, args.rounds, args.workload)
