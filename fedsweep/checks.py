@@ -40,7 +40,7 @@ def check_fits(cfg: ExperimentConfig, cluster_cpus: float, cluster_gpus: float, 
         )
     elif need_cpus > cluster_cpus + 1e-9:
         problems.append(
-            f"{where}: resources: one trial needs server_cpus + {actors} × client_cpus = "
+            f"{where}: resources.client_cpus: one trial needs server_cpus + {actors} × client_cpus = "
             f"{r.server_cpus:g} + {a} × {r.client_cpus:g} = {need_cpus:g} CPUs, but the cluster has {cluster_cpus:g}; "
             f"allowed: client_cpus <= {max(cluster_cpus - r.server_cpus, 0) / a:.4g} ({fewer})"
         )
@@ -58,7 +58,7 @@ def check_fits(cfg: ExperimentConfig, cluster_cpus: float, cluster_gpus: float, 
             fit = int(memory_mb // r.actor_memory_mb) - 2  # client actors that fit beside the driver and server
             field = "resources.actor_memory_mb"
             if model_mb > memory_mb / 2:
-                field, hint = "model", "allowed: a smaller model, or fewer clients"
+                field, hint = ("model.hidden" if hasattr(cfg.model, "hidden") else "model.name"), "allowed: a smaller model, or fewer clients"
             elif fit < 1:
                 hint = "not even one client actor fits"
             elif r.client_workers:
@@ -131,7 +131,7 @@ def check_resources(configs: list[ExperimentConfig], file: str, capacity: tuple[
         gpus = r.cluster_gpus if r.cluster_gpus is not None else local[1]
         if not r.address() and gpus > local[1]:
             problems.append(
-                f"{file}: resources.cluster_gpus={gpus:g}, but this machine has {local[1]:g} GPU(s): Ray would count "
+                f"{file}: resources.cluster_gpus: {gpus:g}, but this machine has {local[1]:g} GPU(s): Ray would count "
                 f"GPUs that are not there and the clients would train on the CPU; allowed: 0..{local[1]:g}, or null (detected)"
             )
         problems += check_fits(cfg, cpus, gpus, None if r.address() else local[2], file)
@@ -196,6 +196,19 @@ def _unreachable(address: str, timeout_s: float = 5.0) -> str | None:
     return None
 
 
+def _store_problem(location: str) -> str | None:
+    """Why the object store at ``location`` cannot be read (no server, no credentials); None when it answers.
+    Read only: the sweep creates its folder when it starts (:meth:`fedsweep.storage.Storage.ensure`)."""
+    from fedsweep.storage import Storage
+
+    try:
+        storage = Storage(location)
+        storage.fs.get_file_info(storage.root)
+    except (OSError, ValueError) as e:
+        return str(e)
+    return None
+
+
 def check_environment(configs: list[ExperimentConfig], file: str, storage_path: str | None = None) -> None:
     """Where the runs will go, before anything starts: the tracking URI, the Ray address (the config's or
     $RAY_ADDRESS) and the sweep's storage path are ones that can be used."""
@@ -207,29 +220,36 @@ def check_environment(configs: list[ExperimentConfig], file: str, storage_path: 
     uri = resolve_tracking_uri(first.tracking.tracking_uri)
     source = "tracking.tracking_uri" if first.tracking.tracking_uri else ("$MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else "the default tracking URI")
     if problem := tracking_uri_problem(uri):
-        problems.append(f"{file}: {source} ({uri}): {problem}")
+        problems.append(f"{file}: {source}: {uri!r}: {problem}")
     address, source = first.resources.address(), ("resources.ray_address" if first.resources.ray_address else "$RAY_ADDRESS")
     if address and not re.match(RAY_ADDRESS_PATTERN, address):
-        problems.append(f"{file}: {source}={address!r} is not a Ray address; allowed: auto, host:port or ray://host:port")
+        problems.append(f"{file}: {source}: {address!r} is not a Ray address; allowed: auto, host:port or ray://host:port")
     elif address and (problem := _unreachable(address)):
-        problems.append(f"{file}: {source}={address!r}: {problem}; start the cluster (ray start --head) or fix the address")
+        problems.append(f"{file}: {source}: {address!r}: {problem}; start the cluster (ray start --head) or fix the address")
     if storage_path is not None:
         if "://" in storage_path:
             scheme = urlparse(storage_path).scheme
             if scheme not in STORAGE_SCHEMES:
                 problems.append(f"{file}: sweep.storage_path: unknown scheme {scheme!r}; allowed: {', '.join(STORAGE_SCHEMES)}, or a local folder")
-            elif scheme == "file" and (problem := _folder_problem(Path(urlparse(storage_path).path))):
-                problems.append(f"{file}: sweep.storage_path: {problem}")
+            elif scheme == "file":
+                if problem := _folder_problem(Path(urlparse(storage_path).path)):
+                    problems.append(f"{file}: sweep.storage_path: {problem}")
+            elif not urlparse(storage_path).netloc:
+                problems.append(f"{file}: sweep.storage_path: {storage_path!r} names no bucket (or host); allowed: "
+                                f"{scheme}://bucket/folder")
+            elif problem := _store_problem(storage_path):
+                problems.append(f"{file}: sweep.storage_path: {storage_path!r} cannot be used: {problem}")
         elif problem := _folder_problem(Path(storage_path).resolve()):
             problems.append(f"{file}: sweep.storage_path: {problem}")
     if problems:
         raise ConfigError(problems)
 
 
-def check_data(configs: list[ExperimentConfig], file: str) -> None:
+def check_data(configs: list[ExperimentConfig], file: str, keep: bool = False) -> None:
     """Image datasets: the files are there and the split is feasible, before Ray starts (local runs only:
     on a cluster the files live on the nodes). The dataset of a single experiment is kept for its run in this
-    process (:func:`fedsweep.data.built_or_build`): built once per command."""
+    process (:func:`fedsweep.data.built_or_build`; ``keep``: the one experiment `run` takes from a file of several
+    seeds): built once per command."""
     from fedsweep.data import ImageConfig, build_federated_dataset, keep_built
 
     problems: list[str] = []
@@ -240,7 +260,7 @@ def check_data(configs: list[ExperimentConfig], file: str) -> None:
         seen.add(cfg.data)
         try:
             built = build_federated_dataset(cfg.data)
-            if len(configs) == 1:
+            if len(configs) == 1 or keep:
                 keep_built(cfg.data, built)
         except (OSError, ValueError) as e:
             if f"{file}: {e}" not in problems:
@@ -249,9 +269,9 @@ def check_data(configs: list[ExperimentConfig], file: str) -> None:
         raise ConfigError(problems)
 
 
-def check_before_start(configs: list[ExperimentConfig], file: str, storage_path: str | None = None) -> None:
+def check_before_start(configs: list[ExperimentConfig], file: str, storage_path: str | None = None, keep: bool = False) -> None:
     """What `validate`, `run` and `sweep` all check after the schema and before any Ray or MLflow work:
     where the runs go, whether the trials fit the cluster, and the dataset files."""
     check_environment(configs, file, storage_path)
     check_resources(configs, file)
-    check_data(configs, file)
+    check_data(configs, file, keep)

@@ -21,7 +21,7 @@ from fedsweep.data import DataConfig, SyntheticConfig, input_features, num_class
 from fedsweep.dotted import flatten, overrides_label
 from fedsweep.evaluation import VAL
 from fedsweep.models import MLPConfig, ModelConfig, parameter_count
-from fedsweep.schema import StrictModel
+from fedsweep.schema import FieldError, StrictModel
 
 _PARAMS = tuple(cls.Params for cls in ALGORITHMS.values())
 # A discriminated union needs two members or more; with one, the class itself validates.
@@ -129,15 +129,15 @@ class ResourcesConfig(StrictModel):
     @model_validator(mode="after")
     def _nonempty(self):
         if self.client_cpus == 0 and self.client_gpus == 0:
-            raise ValueError("client_cpus and client_gpus are both 0: a client bundle needs some resource")
+            raise FieldError("client_cpus", "0, and client_gpus is 0 too: a client bundle needs some resource")
         if self.client_workers and self.clients_per_actor != 1:
-            raise ValueError(
-                f"client_workers={self.client_workers} with clients_per_actor={self.clients_per_actor}: every worker "
+            raise FieldError(
+                "clients_per_actor", f"{self.clients_per_actor} with client_workers={self.client_workers}: every worker "
                 "holds every client; allowed: clients_per_actor 1 (the default) with client_workers >= 1, or client_workers 0"
             )
         if self.client_workers and self.client_gpus:
-            raise ValueError(
-                f"client_workers={self.client_workers} with client_gpus={self.client_gpus:g}: the worker pool runs on "
+            raise FieldError(
+                "client_gpus", f"{self.client_gpus:g} with client_workers={self.client_workers}: the worker pool runs on "
                 "CPUs only; allowed: client_gpus 0 with client_workers >= 1, or client_workers 0"
             )
         return self
@@ -178,6 +178,12 @@ class TrackingConfig(StrictModel):
     )
     log_client_table: bool = True
     log_plot: bool = True
+    outage_limit_s: float = Field(
+        600, gt=0, allow_inf_nan=False,
+        description="Seconds a trial goes on training while the tracking server does not take its metrics (held "
+        "meanwhile, written when it answers again); past them the trial fails, and a sweep retries it from its "
+        "last checkpoint (sweep.trial_retries).",
+    )
 
 
 class ExperimentConfig(StrictModel):
@@ -198,32 +204,32 @@ class ExperimentConfig(StrictModel):
         n = self.data.num_clients
         hp = self.algorithm
         if hp.clients_per_round is not None and hp.participation_rate is not None:
-            raise ValueError("algorithm: give participation_rate (r) or clients_per_round, not both")
+            raise FieldError("algorithm.clients_per_round", "give participation_rate (r) or clients_per_round, not both")
         problem = hp.model_problem(self.model.name)
         if problem:
-            raise ValueError(f"algorithm.name={hp.name} with model.name={self.model.name}: {problem}")
+            raise FieldError("algorithm.name", f"{hp.name} with model.name={self.model.name}: {problem}")
         if self.resources.vectorize_clients and getattr(self.model, "norm", "none") != "none":
-            raise ValueError(
-                f"resources.vectorize_clients=true: model.norm={self.model.norm} keeps running statistics per client, "
+            raise FieldError(
+                "resources.vectorize_clients", f"true, but model.norm={self.model.norm} keeps running statistics per client, "
                 "which a stacked step does not; allowed: false, or model.norm=none"
             )
         algorithm = ALGORITHMS[hp.name](hp) if self.resources.vectorize_clients else None
         if algorithm is not None and not algorithm.can_vectorize():
             why = " (the proto transform)" if getattr(algorithm, "transform", None) == "proto" else ""
-            raise ValueError(
-                f"resources.vectorize_clients=true: algorithm.name={hp.name}{why} trains its clients one by one; "
+            raise FieldError(
+                "resources.vectorize_clients", f"true, but algorithm.name={hp.name}{why} trains its clients one by one; "
                 "allowed: false, or an algorithm whose step stacks (`fedsweep algorithms`)"
             )
         if self.model.name == "cnn":
             parameter_count(self.model, input_features(self.data), num_classes(self.data))  # raises if the inputs are not images it can take
         if self.resources.client_workers > n:
-            raise ValueError(
-                f"resources.client_workers={self.resources.client_workers} is more workers than clients "
+            raise FieldError(
+                "resources.client_workers", f"{self.resources.client_workers} is more workers than clients "
                 f"(data.num_clients={n}); allowed: 0..{n}"
             )
         if hp.clients_per_round is not None and hp.clients_per_round > n:
-            raise ValueError(
-                f"algorithm.clients_per_round={hp.clients_per_round} samples more clients than exist "
+            raise FieldError(
+                "algorithm.clients_per_round", f"{hp.clients_per_round} samples more clients than exist "
                 f"(data.num_clients={n}); allowed: 1..{n}"
             )
         return self
@@ -280,8 +286,9 @@ class SweepSettings(StrictModel):
     trial_retries: int = Field(
         1,
         ge=0,
-        description="Times Tune reruns a trial that failed (its ServerActor died, a node was lost), from "
-        "round 0; the failed attempt's MLflow run is deleted (FailureConfig.max_failures).",
+        description="Times Tune reruns a trial that failed (its ServerActor died, a node was lost, the tracking "
+        "server was away longer than tracking.outage_limit_s), from its last checkpoint into the same MLflow run; "
+        "without one from round 0, the failed attempt's MLflow run deleted (FailureConfig.max_failures).",
     )
     target_accuracy: float | None = Field(
         None,
@@ -325,19 +332,19 @@ class SweepSettings(StrictModel):
     @model_validator(mode="after")
     def _search(self):
         if self.search != "grid" and self.num_samples is None:
-            raise ValueError(f"search: {self.search!r} needs num_samples, the settings to draw for each grid point (e.g. 8)")
+            raise FieldError("num_samples", f"missing: search: {self.search!r} needs num_samples, the settings to draw for each grid point (e.g. 8)")
         if self.search == "optuna":
             import importlib.util
 
             if importlib.util.find_spec("optuna") is None:
-                raise ValueError("search: 'optuna' needs the optuna package, which is not installed: "
+                raise FieldError("search", "'optuna' needs the optuna package, which is not installed: "
                                  "pip install 'fedsweep[optuna]' (or pip install optuna)")
             if self.scheduler is not None and self.seeds and len(self.seeds) > 1:
-                raise ValueError("scheduler: with search: 'optuna' a trial runs its seeds one after another, so a "
+                raise FieldError("scheduler", "with search: 'optuna' a trial runs its seeds one after another, so a "
                                  "scheduler would compare rounds of different seeds; allowed: one seed (seeds: [s]), "
                                  "or no scheduler")
         if self.search == "grid" and self.num_samples is not None:
-            raise ValueError("num_samples: only a random or Optuna search draws samples (search: random | optuna); "
+            raise FieldError("num_samples", "only a random or Optuna search draws samples (search: random | optuna); "
                              "a grid runs each point once per seed")
         return self
 
@@ -345,7 +352,7 @@ class SweepSettings(StrictModel):
     def _distinct_seeds(self):
         if self.seeds and len(set(self.seeds)) < len(self.seeds):
             twice = sorted({s for s in self.seeds if self.seeds.count(s) > 1})
-            raise ValueError(f"seeds: {twice} given more than once; each seed is one independent run, give each once")
+            raise FieldError("seeds", f"{twice} given more than once; each seed is one independent run, give each once")
         return self
 
 

@@ -257,9 +257,9 @@ def execute(
             rnd = int(metrics["round"])
             if logger and rnd > logger.logged_through:
                 logger.log_round(metrics)
-            if rnd in checkpoint_rounds and not metrics.get("diverged"):
-                if logger:
-                    logger.flush()  # a run resumed from this checkpoint finds every round before it in MLflow
+            # a run resumed from a checkpoint finds every round before it in MLflow: while the tracking server
+            # does not answer (the logger holds rounds), no checkpoint is saved, and a retry reruns those rounds
+            if rnd in checkpoint_rounds and not metrics.get("diverged") and (not logger or logger.flush()):
                 on_checkpoint(metrics, runner.checkpoint(rnd))
             else:
                 on_round(metrics)

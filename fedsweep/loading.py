@@ -20,11 +20,11 @@ import numpy as np
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from fedsweep import config_file, search
-from fedsweep.checks import check_before_start
+from fedsweep.checks import check_before_start, check_resources, raise_problems
 from fedsweep.config import SWEEP_WIDE, ConfigError, ExperimentConfig, Seed, Sweep, SweepSettings, Trial
 from fedsweep.dotted import dotted, flatten, overrides_label, within
 from fedsweep.layout import auto_layout, trial_cpus
-from fedsweep.schema import names_of
+from fedsweep.schema import FieldError, names_of
 
 
 def read_yaml(path: str | Path) -> tuple[dict, str, dict[tuple, int]]:
@@ -192,14 +192,16 @@ def _format_errors(
         where = _where(file, lines, prefix + loc)
         msg = e["msg"]
         msg = msg.removeprefix("Value error, ")
+        if isinstance(cause := e.get("ctx", {}).get("error"), FieldError):  # a rule across fields: its field at fault
+            loc, msg = loc + tuple(cause.field.split(".")), cause.message
+            field, where = dotted(prefix + loc), _where(file, lines, prefix + loc)
         if e["type"] == "extra_forbidden":
             model = _model_at(loc[:-1], raw, root)
             twin = _alias_of(model, loc[-1])
             if twin:
                 msg = f"{loc[-1]!r} is another name of '{twin}', which is given too: give one of them"
             else:
-                allowed = _allowed_keys(model)
-                msg = f"unknown key {loc[-1]!r}" + (f"; allowed keys: {', '.join(allowed)}" if allowed else "")
+                msg = _unknown_key(model, loc[-1])
         elif e["type"] == "union_tag_invalid":
             key = e["ctx"]["discriminator"].strip("'")
             field = f"{field}.{key}"
@@ -213,6 +215,31 @@ def _format_errors(
         # A cross-field rule (empty location) names its fields in its own message.
         problems.append(f"{where}: {field}: {msg}" if loc else f"{where}: {'.'.join(prefix) + ': ' if prefix else ''}{msg}")
     return problems
+
+
+def _unknown_key(model: type[BaseModel] | None, key: Any) -> str:
+    allowed = _allowed_keys(model)
+    return f"unknown key {key!r}" + (f"; allowed keys: {', '.join(allowed)}" if allowed else "")
+
+
+def _unknown_keys(node: Any, model: type[BaseModel] | None, file: str, lines: dict[tuple, int], path: tuple = ()) -> list[str]:
+    """Keys the schema does not have, found without expanding the grids (each grid's mappings walked): what a
+    file whose grids would make too many trials is told first, when that is its mistake."""
+    if not isinstance(node, dict) or model is None:
+        return []
+    out = []
+    for key, value in node.items():
+        name = _alias_of(model, key)
+        if name is None:
+            out.append(f"{_where(file, lines, path + (key,))}: {dotted(path + (key,))}: {_unknown_key(model, key)}")
+            continue
+        members = _submodels(model.model_fields[name].annotation)
+        for choice in (value["grid"] if _is_grid(value) and isinstance(value["grid"], list) else [value]):
+            if isinstance(choice, dict) and members:
+                tag = choice.get("name", choice.get("dataset"))
+                chosen = [m for m in members if tag in _tags(m)] or (members if len(members) == 1 else [None])
+                out += _unknown_keys(choice, chosen[0], file, lines, path + (key,))
+    return list(dict.fromkeys(out))
 
 
 def _short(value: Any, limit: int = 80) -> str:
@@ -231,20 +258,16 @@ def validate(raw: dict, file: str = "<config>", lines: dict[tuple, int] | None =
 
 
 def load_experiment(path: str | Path, check_cluster: bool = True) -> ExperimentConfig:
-    """Read and validate a single-experiment file (no grids; a ``sweep:`` section is ignored)."""
-    raw, _, lines = read_yaml(path)
-    raw = {k: v for k, v in raw.items() if k != "sweep"}
-    grids = [k for k, v in flatten_grids(raw)]
-    if grids:
-        raise ConfigError([f"{path}: {g}: a grid is only allowed in a sweep ('fedsweep sweep {path}')" for g in grids])
-    cfg = validate(auto_layout(raw, trial_cpus(raw.get("resources"), 1)) if isinstance(raw, dict) else raw, str(path), lines)
-    if check_cluster:
-        check_before_start([cfg], str(path))
-    return cfg
+    """Read a file of one experiment, judged as `validate` and `sweep` judge it (:func:`load_sweep`, the one
+    path of every check: the same problems, the ``sweep:`` section's too, though `run` uses none of it); a valid
+    file with grids or distributions is then refused (it is a sweep), and the experiment runs the file's seed."""
+    return load_sweep(path, check_cluster, one_experiment=True).trials[0].config
 
 
-def load_sweep(path: str | Path, check_cluster: bool = True) -> Sweep:
-    """Read a sweep file, expand its grids × seeds and validate every trial config."""
+def load_sweep(path: str | Path, check_cluster: bool = True, one_experiment: bool = False) -> Sweep:
+    """Read a sweep file, expand its grids × seeds and validate every trial config. ``one_experiment``
+    (`fedsweep run`, :func:`load_experiment`): after the same checks, one trial of the file's own seed, laid out
+    to run alone, the cluster and data checks made on it."""
     raw, source, lines = read_yaml(path)
     file = str(path)
     problems: list[str] = []
@@ -274,33 +297,32 @@ def load_sweep(path: str | Path, check_cluster: bool = True) -> Sweep:
     samples = settings.num_samples if settings and settings.search == "random" else 1
     points = _grid_points(body) * samples * len(settings.seeds if settings and settings.seeds else [None])
     if points > MAX_TRIALS:
+        if unknown := _unknown_keys(body, ExperimentConfig, file, lines):  # the mistake, rather than its size
+            raise ConfigError(problems + unknown)
         grids = ", ".join(f"{f} ({_grid_points(g)})" for f, g in flatten_grids(body))
         raise ConfigError(problems + [f"{file}: the grids ({grids})" + (f" × sweep.num_samples ({samples})" if samples > 1 else "")
                                       + f" × sweep.seeds make {points} trials; at most {MAX_TRIALS} per sweep"])
     expanded = _expand(body, (), problems, lambda at: f"{_where(file, lines, at)}: ")
     if settings is not None:
-        expanded = _sample(expanded, settings, problems, lambda at: _where(file, lines, at))
-        expanded = [(auto_layout(value, trial_cpus(value.get("resources"), settings.max_concurrent_trials))
-                     if isinstance(value, dict) else value, overrides) for value, overrides in expanded]
+        _check_distributions(expanded, settings, problems, lambda at: _where(file, lines, at))
     if problems:
         raise ConfigError(problems)
+
+    def laid_out(value: Any) -> Any:
+        return auto_layout(value, trial_cpus(value.get("resources"), settings.max_concurrent_trials)) if isinstance(value, dict) else value
+
     search_points = None
     if settings is not None and settings.search == "optuna":
-        # the settings are drawn while the sweep runs: validate every point at the edges of its distributions
-        search_points = [(value, _without_drawn(value, overrides)) for value, overrides in expanded]
-        expanded = []
-        for value, fixed in search_points:
-            edges = search.corners(value)
-            for corner in edges:
-                try:
-                    validate({**corner, **({"seed": settings.seeds[0]} if settings.seeds else {})}, file, lines)
-                except ConfigError as e:
-                    for p in e.problems:
-                        if (line := f"{p} [at an edge of the search space of {overrides_label(fixed)}]") not in problems:
-                            problems.append(line)
-            expanded.append((edges[0], fixed))  # the point's stand-in trial: every distribution at its low end
-        if problems:
-            raise ConfigError(problems)
+        # the settings are drawn while the sweep runs; each point's stand-in trial: every distribution at its low end
+        search_points = [(laid_out(value), _without_drawn(value, overrides)) for value, overrides in expanded]
+        _check_edges(search_points, settings, file, lines)
+        expanded = [(search.corners(value)[0], fixed) for value, fixed in search_points]
+    elif settings is not None and settings.search == "random":
+        # a space that reaches outside a field's range is refused whatever the draws: checked before drawing
+        _check_edges([(value, _without_drawn(value, overrides)) for value, overrides in expanded], settings, file, lines, laid_out)
+        expanded = [(laid_out(value), overrides) for value, overrides in _draw(expanded, settings)]
+    elif settings is not None:
+        expanded = [(laid_out(value), overrides) for value, overrides in expanded]
     seeds = settings.seeds if settings and settings.seeds else [None]
     trials: list[Trial] = []
     failing: dict[str, list[str]] = {}  # problem -> labels of the grid points that have it
@@ -342,16 +364,26 @@ def load_sweep(path: str | Path, check_cluster: bool = True) -> Sweep:
         raise ConfigError(problems)
     assert settings is not None
     if check_cluster:
-        check_before_start([t.config for t in trials], file, settings.storage_path)
+        check_before_start([t.config for t in trials], file, settings.storage_path, keep=one_experiment)
+    if one_experiment:  # the file is a valid sweep: `run` takes it if it is one experiment, with the file's own seed
+        raise_problems([f"{_where(file, lines, at)}: {dotted(at)}: a {kind} is only allowed in a sweep ('fedsweep sweep {file}')"
+                        for kind, found in (("grid", [tuple(f.split(".")) for f, _ in flatten_grids(body)]),
+                                            ("distribution", [at for at, _ in search.distributions(body)])) for at in found])
+        trials = [Trial(0, validate(auto_layout(body, trial_cpus(body.get("resources"), 1)), file, lines), {})]
+        if check_cluster:  # its own layout (one trial at a time) fits too
+            check_resources([trials[0].config], file)
     return Sweep(settings, trials, source, file, search_points)
 
 
-def _sample(points: list[tuple[Any, dict[str, Any]]], settings: SweepSettings, problems: list[str],
-            locate: Callable[[tuple], str]) -> list[tuple[Any, dict[str, Any]]]:
-    """The distributions of the grid points checked, and a random search's settings: each grid point's
-    distributions drawn ``num_samples`` times (:mod:`fedsweep.search`), from a generator seeded by
-    ``search_seed`` and the point's position. An Optuna search's points are returned as they are."""
+def _check_distributions(points: list[tuple[Any, dict[str, Any]]], settings: SweepSettings, problems: list[str],
+                         locate: Callable[[tuple], str]) -> None:
+    """The distributions of the grid points, each usable by the sweep's search (:mod:`fedsweep.search`); a
+    mapping where the schema takes one value, of a form that is neither a grid nor a distribution, named."""
     found = {path: node for value, _ in points for path, node in search.distributions(value)}
+    for path, keys in {p: k for value, _ in points for p, k in _unknown_forms(value, ExperimentConfig)}.items():
+        form = f"unknown form {keys[0]!r}" if len(keys) == 1 else f"a mapping with keys {keys}, which is no form"
+        problems.append(f"{locate(path)}: {dotted(path)}: {form}; allowed: a value, {{grid: [values]}}, or a "
+                        f"distribution drawn by a search: " + ", ".join(f"{{{k}: {v}}}" for k, v in search.DISTRIBUTIONS.items()))
     for path, node in found.items():
         field = ".".join(map(str, path))
         if within(field, SWEEP_WIDE):
@@ -362,8 +394,8 @@ def _sample(points: list[tuple[Any, dict[str, Any]]], settings: SweepSettings, p
                             "allowed: sweep.search: random or optuna with sweep.num_samples, or a grid: [values]")
         elif problem := search.distribution_problem(node):
             problems.append(f"{locate(path)}: {field}: {problem}")
-    if settings.search == "grid":
-        return points
+    if settings.search == "grid" or problems:
+        return
     if not found:
         problems.append(f"{locate(('sweep', 'search'))}: sweep.search: {settings.search!r} draws the fields given as "
                         f"distributions ({', '.join('{' + k + ': ...}' for k in search.DISTRIBUTIONS)}), but the file has none")
@@ -376,9 +408,50 @@ def _sample(points: list[tuple[Any, dict[str, Any]]], settings: SweepSettings, p
             elif "choice" in node and any(search.distributions(v) for v in node["choice"]):
                 problems.append(f"{locate(path)}: {field}: an Optuna search does not draw inside a choice; allowed: a "
                                 "grid of mappings, each with its own distributions, or search: random")
-        return points
+
+
+def _unknown_forms(node: Any, model: type[BaseModel] | None, path: tuple = ()) -> list[tuple[tuple, list[str]]]:
+    """Non-empty mappings given where the schema takes one value that are neither a grid nor a distribution
+    (``local_lr: {normal: [0.05, 0.01]}``): their paths and keys."""
+    out: list[tuple[tuple, list[str]]] = []
+    if not isinstance(node, dict) or model is None:
+        return out
+    for key, value in node.items():
+        field = model.model_fields.get(_alias_of(model, key) or "")
+        if field is None or not isinstance(value, dict) or not value or _is_grid(value) or search.is_distribution(value):
+            continue
+        members = _submodels(field.annotation)
+        if not members:
+            out.append((path + (key,), [str(k) for k in value]))
+            continue
+        tag = value.get("name", value.get("dataset"))
+        chosen = [m for m in members if tag in _tags(m)] or (members if len(members) == 1 else [])
+        out += _unknown_forms(value, chosen[0] if chosen else None, path + (key,))
+    return out
+
+
+def _check_edges(points: list[tuple[Any, dict[str, Any]]], settings: SweepSettings, file: str, lines: dict[tuple, int],
+                 prepare: Callable[[Any], Any] = lambda value: value) -> None:
+    """Every grid point's search space validated at its edges (:func:`fedsweep.search.corners`: each
+    distribution at its low and its high end, each value of each choice), whatever a search would draw; a
+    point's ``prepare`` (its layout) applied to each corner as to a drawn setting."""
+    problems: list[str] = []
+    for value, fixed in points:
+        for corner in search.corners(value):
+            try:
+                validate(prepare({**corner, **({"seed": settings.seeds[0]} if settings.seeds else {})}), file, lines)
+            except ConfigError as e:
+                for p in e.problems:
+                    of = f" of {overrides_label(fixed)}" if fixed else ""
+                    if (line := f"{p} [at an edge of the search space{of}]") not in problems:
+                        problems.append(line)
     if problems:
-        return points
+        raise ConfigError(problems)
+
+
+def _draw(points: list[tuple[Any, dict[str, Any]]], settings: SweepSettings) -> list[tuple[Any, dict[str, Any]]]:
+    """A random search's settings: each grid point's distributions drawn ``num_samples`` times
+    (:func:`fedsweep.search.draw`), from a generator seeded by ``search_seed`` and the point's position."""
     out = []
     for index, (value, overrides) in enumerate(points):
         rng = np.random.default_rng([settings.search_seed, index])

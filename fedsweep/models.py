@@ -11,7 +11,7 @@ import torch
 from pydantic import Field, PositiveInt
 from torch import nn
 
-from fedsweep.schema import StrictModel
+from fedsweep.schema import FieldError, StrictModel
 
 ACTIVATIONS = {"relu": nn.ReLU, "elu": nn.ELU, "tanh": nn.Tanh}
 
@@ -57,7 +57,7 @@ def image_shape(num_features: int) -> tuple[int, int, int]:
         side = round((num_features / c) ** 0.5)
         if num_features % c == 0 and side * side * c == num_features:
             return c, side, side
-    raise ValueError(f"model.name=cnn needs square images with 1 or 3 channels; the inputs have {num_features} features")
+    raise FieldError("model.name", f"cnn needs square images with 1 or 3 channels; the inputs have {num_features} features")
 
 
 def _cnn(cfg: CNNConfig, num_features: int, num_classes: int) -> nn.Sequential:
@@ -69,7 +69,7 @@ def _cnn(cfg: CNNConfig, num_features: int, num_classes: int) -> nn.Sequential:
         side = (side - cfg.kernel_size + 1) // 2
         c = out
         if side < 1:
-            raise ValueError(f"model.kernel_size={cfg.kernel_size} is too large for {image_shape(num_features)} images")
+            raise FieldError("model.kernel_size", f"{cfg.kernel_size} is too large for {image_shape(num_features)} images")
     layers.append(nn.Flatten())
     width = c * side * side
     for h in cfg.hidden:

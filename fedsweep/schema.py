@@ -21,3 +21,13 @@ def aliases(name: str, *others: str) -> AliasChoices:
 def names_of(name: str, info: FieldInfo) -> list[str]:
     """A field's name followed by its aliases."""
     return [name] + [a for a in getattr(info.validation_alias, "choices", ()) if a != name]
+
+
+class FieldError(ValueError):
+    """A rule across fields broken, raised by a model's validator with the field at fault (relative to that
+    model, e.g. ``partition.classes_per_client``): the message then names it by its dotted path from the top
+    of the file, as every other message does (:func:`fedsweep.loading._format_errors`)."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field, self.message = field, message

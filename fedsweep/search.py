@@ -148,4 +148,5 @@ def corners(value: Any) -> list[Any]:
         # in substitute's terms: a choice is drawn as the index of its value
         lows[f"d{i}"], highs[f"d{i}"] = (0, len(args) - 1) if kind == "choice" else (args[0], args[1])
     choices = [{**lows, f"d{i}": j} for i, (_, node) in enumerate(found) if "choice" in node for j in range(len(node["choice"]))]
-    return [substitute(value, d)[0] for d in [lows, highs, *choices]]
+    # a chosen mapping may hold distributions of its own (a random search draws inside a choice): their edges too
+    return [edge for d in [lows, highs, *choices] for edge in corners(substitute(value, d)[0])]

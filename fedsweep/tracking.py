@@ -18,6 +18,7 @@ from typing import Any
 from fedsweep.algorithms import ALGORITHMS
 from fedsweep.config import ExperimentConfig
 from fedsweep.dotted import format_value
+from fedsweep.metric_writer import MetricWriter
 
 TAG_PREFIX = "fedsweep."
 PARENT_TAG = "mlflow.parentRunId"
@@ -137,14 +138,17 @@ class RunLogger:
         from mlflow.entities import Param
 
         self.cfg = cfg
+        self.uri = uri
         self.client = client(uri)
         self.logged_through = -1  # the last round whose metrics this run holds (written, or held until the next flush)
-        self.pending: list = []  # metrics of rounds since the last flush
+        self.pending: list[list] = []  # the rounds since the last flush, each a list of metrics
+        self._pending_count = 0
         self.history: list[dict[str, float]] = []
         if run_id is not None:  # a trial resumed from a checkpoint goes on logging into its own run
             self.run_id = run_id
             self.client.update_run(run_id, status="RUNNING")
             self._reload_history()
+            self.writer = MetricWriter(uri, run_id, cfg.tracking.outage_limit_s)
             return
         all_tags = {
             f"{TAG_PREFIX}algorithm": cfg.algorithm.name,
@@ -161,6 +165,7 @@ class RunLogger:
         params = [Param(k, json.dumps(v) if isinstance(v, (list, dict)) else str(v)) for k, v in cfg.flat_params().items()]
         for chunk in _batched(params, 100):
             self.client.log_batch(self.run_id, params=chunk)
+        self.writer = MetricWriter(uri, self.run_id, cfg.tracking.outage_limit_s)
 
     def _reload_history(self) -> None:
         """The rounds an earlier attempt logged: ``logged_through`` and the evaluations the plot needs."""
@@ -173,37 +178,54 @@ class RunLogger:
         self.history = [by_round[r] for r in sorted(by_round)]
 
     def log_round(self, metrics: dict[str, float]) -> None:
-        """A round's metrics, held until the next evaluation round, which writes them all in one call (one
-        store round trip per evaluation interval instead of one per round; docs/performance.md, section 5);
-        :meth:`flush` writes them sooner (checkpoints), :meth:`finish` at the end and on failure."""
+        """A round's metrics, held until the next evaluation round, which hands them all to the writer in one
+        call (one store round trip per evaluation interval instead of one per round; docs/performance.md,
+        section 5); :meth:`flush` hands them sooner (checkpoints), :meth:`finish` at the end and on failure.
+        Raises :class:`~fedsweep.metric_writer.TrackingOutage` once the server has not taken metrics for
+        ``tracking.outage_limit_s``."""
         from mlflow.entities import Metric
 
         step = int(metrics["round"])
-        ts = int(time.time() * 1000)
-        self.pending += [
+        ts = int(time.time() * 1000)  # kept through every retry: a repeated write is stored once
+        self.pending.append([
             Metric(k, float(v), ts, step)
             for k, v in metrics.items()
             if k not in _NOT_METRICS and v is not None and not (isinstance(v, float) and math.isnan(v))
-        ]
+        ])
+        self._pending_count += len(self.pending[-1])
         self.logged_through = step
         if "personalized_accuracy_mean" in metrics:  # an evaluation round
             self.history.append(metrics)
-        if "personalized_accuracy_mean" in metrics or len(self.pending) >= _FLUSH_AT:
+        if "personalized_accuracy_mean" in metrics or self._pending_count >= _FLUSH_AT:
             self.flush()
+        self.writer.check()
 
-    def flush(self) -> None:
-        """Write the rounds held by :meth:`log_round`."""
-        for chunk in _batched(self.pending, 1000):  # MLflow's limit of metrics per call
-            self.client.log_batch(self.run_id, metrics=chunk)
-        self.pending = []
+    def flush(self) -> bool:
+        """Hand the rounds held by :meth:`log_round` to the writer and wait while it writes them: True once the
+        run holds every round logged so far; False, without waiting, while the server does not answer (an
+        outage: the writer holds them and writes them when it answers again)."""
+        self.writer.put(self.pending)
+        self.pending, self._pending_count = [], 0
+        return self.writer.wait(until_written=False)
 
     def finish(self, client_rows: list[dict] | None, status: str = "FINISHED", outcome: str | None = None,
                placement: list[dict] | None = None) -> None:
-        """The rounds still held, artifacts (per-client table, accuracy-vs-round plot, ``placement.json``: where
-        the processes ran, ``ServerActor.placement``, with the number of nodes as the tag ``fedsweep.nodes``),
-        then the run's terminal status."""
+        """The rounds still held, written (waiting up to ``tracking.outage_limit_s`` for a server that does not
+        answer), artifacts (per-client table, accuracy-vs-round plot, ``placement.json``: where the processes ran,
+        ``ServerActor.placement``, with the number of nodes as the tag ``fedsweep.nodes``), then the run's
+        terminal status. When the writer gave up (the error being raised is its
+        :class:`~fedsweep.metric_writer.TrackingOutage`, or the server's refusal of the metrics), or gives up here,
+        nothing more is sent: the run stays RUNNING, for the retry that goes on from its checkpoint (or deletes it,
+        :func:`fedsweep.sweep._earlier_attempts`)."""
         try:
-            self.flush()
+            if self.writer.gave_up:
+                return
+            self.writer.put(self.pending)
+            self.pending, self._pending_count = [], 0
+            self.writer.wait()
+        finally:
+            self.writer.close()
+        try:
             if placement:
                 self.client.log_dict(self.run_id, placement, "placement.json")
                 if nodes := {row["node_id"] for row in placement if row["node_id"]}:  # none: run in the command's process

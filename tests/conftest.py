@@ -99,6 +99,27 @@ def tracking_uri(tmp_path, monkeypatch) -> str:
     return uri
 
 
+@pytest.fixture(scope="module")
+def postgres():
+    """A throw-away PostgreSQL cluster and database for the module (:func:`tests.services.postgres_cluster`), as its URI."""
+    from tests.services import postgres_cluster
+
+    with postgres_cluster() as uri:
+        yield uri
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory, postgres):
+    """`infra/mlflow_server.sh` on a free loopback port, PostgreSQL behind it (:class:`tests.services.MlflowServer`:
+    ``url``, ``port``, ``proc``; ``stop()`` and ``start()`` again on the same port and store), stopped at the end."""
+    from tests.services import MlflowServer
+
+    server = MlflowServer(postgres, tmp_path_factory.mktemp("mlflow-server"))
+    server.start()
+    yield server
+    server.stop()
+
+
 # Class counts of the real MNIST train and test files; CIFAR-10 has 5000 and 1000 per class.
 MNIST_COUNTS = {
     "train": [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949],

@@ -100,7 +100,7 @@ def test_negative_step_sizes(field):
 
 def test_more_clients_sampled_than_exist():
     msg = problems_of(config_dict(algorithm={"participation_rate": None, "clients_per_round": 5}))
-    assert "clients_per_round=5 samples more clients than exist (data.num_clients=3); allowed: 1..3" in msg
+    assert "algorithm.clients_per_round: 5 samples more clients than exist (data.num_clients=3); allowed: 1..3" in msg
 
 
 def test_rate_and_count_together():
@@ -125,12 +125,12 @@ def test_unknown_partition_names_the_allowed_ones():
 
 def test_too_many_classes_per_client():
     msg = problems_of(config_dict(data={"partition": {"name": "label_skew", "classes_per_client": 11}}))
-    assert "classes_per_client=11 exceeds the 10 classes of digits (allowed: 1..10)" in msg
+    assert "data.partition.classes_per_client: 11 exceeds the 10 classes of digits (allowed: 1..10)" in msg
 
 
 def test_too_many_clients_for_digits():
     msg = problems_of(config_dict(data={"num_clients": 1500, "partition": {"name": "iid"}}))
-    assert "num_clients=1500: digits has 1797 samples and every client needs at least 2" in msg and "allowed: 1..898" in msg
+    assert "data.num_clients: 1500: digits has 1797 samples and every client needs at least 2" in msg and "allowed: 1..898" in msg
 
 
 def test_an_unsatisfiable_split_names_the_partition_parameter():
@@ -163,7 +163,7 @@ def test_resources_that_cannot_fit_the_cluster():
     with pytest.raises(ConfigError) as e:
         check_resources([cfg], "cfg.yaml", capacity=(2.0, 0.0, 24000.0))
     msg = str(e.value)
-    assert "resources: one trial needs server_cpus + 50 client actors × client_cpus = 0.25 + 50 × 0.05 = 2.75 CPUs" in msg
+    assert "resources.client_cpus: one trial needs server_cpus + 50 client actors × client_cpus = 0.25 + 50 × 0.05 = 2.75 CPUs" in msg
     assert "the cluster has 2; allowed: client_cpus <= 0.035 (or fewer clients, or a larger clients_per_actor)" in msg
 
 
@@ -255,7 +255,7 @@ def test_gpu_fraction_above_one():
 
 def test_empty_client_bundle():
     msg = problems_of(config_dict(resources={"client_cpus": 0, "client_gpus": 0}))
-    assert "client_cpus and client_gpus are both 0" in msg
+    assert "resources.client_cpus: 0, and client_gpus is 0 too" in msg
 
 
 def test_memory_that_cannot_fit():

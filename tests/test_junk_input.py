@@ -1,6 +1,6 @@
 """Generated junk through `fedsweep validate`: random bytes, and random YAML trees made of the schema's own
-keys with values of the wrong types, grids, aliases, paths and URIs, some then garbled character by
-character. Whatever comes in, the command answers with exit 0 (the rare valid file) or with its own
+keys with values of the wrong types, grids, search spaces (distributions over junk bounds, unknown forms),
+aliases, paths and URIs, some then garbled character by character; and data folders damaged one way each. Whatever comes in, the command answers with exit 0 (the rare valid file) or with its own
 bad-input report and exit 2 - never another exception - each file within seconds, and the whole run
 within a bounded amount of memory.
 
@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
 import subprocess
 import sys
 from typing import Any, get_args
 
+import numpy as np
 import pytest
 import yaml
 from pydantic import BaseModel
@@ -22,9 +24,9 @@ from pydantic import BaseModel
 from fedsweep.algorithms import ALGORITHMS
 from fedsweep.config import ExperimentConfig, SweepSettings
 from fedsweep.schema import names_of
-from tests.test_malformed_sweeps import GOOD
+from tests.test_malformed_sweeps import GOOD, idx
 
-TREES, BYTE_FILES = 400, 100
+TREES, BYTE_FILES, DATA_FOLDERS = 400, 100, 40
 
 DRIVER = """
 import contextlib, io, json, os, resource, sys, time, traceback
@@ -75,11 +77,52 @@ def junk_value(r: random.Random, keys: list[str], depth: int = 0) -> Any:
     kind = r.random()
     if depth > 3 or kind < 0.6:
         return r.choice(simple)
+    if kind < 0.65:  # a search space: a distribution (or a form that is none) over junk bounds
+        form = r.choice(["uniform", "loguniform", "randint", "choice", "normal", "grid"])
+        return {form: [junk_value(r, keys, depth + 1) for _ in range(r.randint(0, 3))]}
     if kind < 0.75:
         return [junk_value(r, keys, depth + 1) for _ in range(r.randint(0, 4))]
     if kind < 0.85:
         return {"grid": [junk_value(r, keys, depth + 1) for _ in range(r.randint(0, 4))]}
     return {r.choice(keys): junk_value(r, keys, depth + 1) for _ in range(r.randint(0, 4))}
+
+
+def junk_data_folder(r: random.Random, root) -> str:
+    """A data root whose MNIST or CIFAR-10 files are damaged one way (truncated, wrong image shape, labels
+    beyond the classes, float pixels, fewer labels than images, a file that is not the format, the official
+    counts missing), and the sweep file that reads it: every one must be refused."""
+    dataset = r.choice(["mnist", "cifar10"])
+    damage = r.choice(["truncated", "shape", "labels", "dtype", "count", "garbage", "official"])
+    n = 10 * r.randint(1, 3)
+    y = np.arange(n) % 10
+    if damage == "labels":
+        y[r.randrange(n)] = r.choice([10, 11, 99, 255])
+    if dataset == "mnist":
+        folder = root / "MNIST" / "raw"
+        folder.mkdir(parents=True)
+        for split in ("train", "t10k"):
+            shape = (28, r.choice([1, 27, 29])) if damage == "shape" else (28, 28)
+            images = idx(np.zeros((n, *shape)), 0x0D if damage == "dtype" else 0x08)
+            labels = idx(y[: n - 1] if damage == "count" else y)
+            for name, data in ((f"{split}-images-idx3-ubyte", images), (f"{split}-labels-idx1-ubyte", labels)):
+                (folder / name).write_bytes(data)
+    else:
+        folder = root / "cifar-10-batches-py"
+        folder.mkdir(parents=True)
+        pixels = r.choice([3, 1024, 3071]) if damage == "shape" else 3072
+        data = np.zeros((n, pixels), np.float32 if damage == "dtype" else np.uint8)
+        batch = pickle.dumps({b"labels": [int(v) for v in (y[: n - 1] if damage == "count" else y)], b"data": data}, protocol=2)
+        for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+            (folder / name).write_bytes(batch)
+    victim = r.choice(sorted(folder.iterdir()))
+    if damage == "truncated":
+        victim.write_bytes(victim.read_bytes()[: r.randint(0, victim.stat().st_size - 1)])
+    elif damage == "garbage":
+        victim.write_bytes(r.randbytes(r.randint(0, 5000)))
+    if damage != "official":  # only the counts would be wrong: they are the official files' stand-ins
+        (folder / "FEDSWEEP_SUBSET").touch()
+    return GOOD.replace("data: {dataset: digits, num_clients: 3, partition: {name: label_skew, classes_per_client: 4}}",
+                        f"data: {{dataset: {dataset}, root: '{root}', num_clients: 3}}")
 
 
 def _mappings(node: Any, out: list[dict]) -> list[dict]:
@@ -136,6 +179,10 @@ def outcomes(tmp_path_factory) -> dict:
         path = folder / f"bytes{i:03d}.yaml"
         path.write_bytes(r.randbytes(r.randint(0, 2000)))
         files.append(str(path))
+    for i in range(DATA_FOLDERS):
+        path = folder / f"data{i:03d}.yaml"
+        path.write_text(junk_data_folder(r, folder / f"data{i:03d}"), encoding="utf-8")
+        files.append(str(path))
     warm = folder / "warm.yaml"
     warm.write_text(GOOD)
     env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "RAY_ADDRESS", "FEDSWEEP_DATA_DIR")}
@@ -154,6 +201,11 @@ def test_junk_gets_exit_2_and_the_tools_own_report(outcomes):
     assert not unreported, results[unreported[0]]
     refused = sum(o["rc"] == 2 for o in results.values())
     assert refused >= 0.9 * len(results)  # junk it is: the generator rarely makes a valid file
+    data = {p: o for p, o in results.items() if os.path.basename(p).startswith("data")}
+    damaged = {p: o["stderr"] for p, o in data.items() if o["rc"] != 2}
+    assert not damaged, damaged  # every damaged data folder is refused by its own report
+    unnamed = [p for p, o in data.items() if "data.root:" not in o["stderr"]]
+    assert not unnamed, data[unnamed[0]]  # ... naming data.root and the file
 
 
 def test_junk_is_judged_in_bounded_time_and_memory(outcomes):

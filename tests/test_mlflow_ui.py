@@ -5,15 +5,8 @@ MLflow UI and finds the experiment, its runs and a per-round metric chart with o
 
 from __future__ import annotations
 
-import glob
 import os
 import shutil
-import signal
-import subprocess
-import sys
-import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 import psutil
@@ -22,8 +15,7 @@ import yaml
 
 from fedsweep.loading import load_sweep
 from fedsweep.sweep import run_sweep
-from tests.conftest import ROOT, config_dict
-from tests.test_job_submit import free_port
+from tests.conftest import config_dict
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -31,75 +23,9 @@ CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 ROUNDS = 4
 
 
-def _pg_bin() -> Path:
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
-    if not found:
-        pytest.fail("the store test needs Debian's PostgreSQL server: apt-get install postgresql")
-    return Path(found[-1]).parent
-
-
-@pytest.fixture(scope="module")
-def postgres():
-    """A throw-away PostgreSQL cluster on a free loopback port (trust auth, socket in its own folder); as
-    root it runs as the `postgres` user, since the server refuses to run as root."""
-    bin_dir, port = _pg_bin(), free_port()
-    as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-    folder = Path(tempfile.mkdtemp(prefix="fedsweep-pg-"))
-    folder.chmod(0o755)
-    if as_user:
-        shutil.chown(folder, "postgres", "postgres")
-    data = folder / "data"
-    subprocess.run([*as_user, str(bin_dir / "initdb"), "-D", str(data), "--auth=trust", "-U", "postgres"],
-                   check=True, capture_output=True)
-    with open(folder.parent / f"{folder.name}.log", "w") as log:  # the child keeps its own descriptor
-        proc = subprocess.Popen([*as_user, str(bin_dir / "postgres"), "-D", str(data), "-h", "127.0.0.1", "-p", str(port),
-                                 "-k", str(folder)], stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
-    deadline = time.time() + 60
-    while subprocess.run([str(bin_dir / "pg_isready"), "-h", "127.0.0.1", "-p", str(port)], capture_output=True, check=False).returncode:
-        if proc.poll() is not None or time.time() > deadline:
-            pytest.fail(f"postgres did not start: {(folder.parent / f'{folder.name}.log').read_text()[-2000:]}")
-        time.sleep(0.5)
-    subprocess.run([str(bin_dir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "mlflow"], check=True)
-    yield f"postgresql://postgres@127.0.0.1:{port}/mlflow"
-    os.killpg(proc.pid, signal.SIGINT)  # PostgreSQL's fast shutdown: the data is thrown away
-    proc.wait(timeout=60)
-    shutil.rmtree(folder, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory, postgres):
-    """`infra/mlflow_server.sh` on a free loopback port, PostgreSQL behind it, stopped with its process group."""
-    tmp = tmp_path_factory.mktemp("mlflow-server")
-    port = free_port()
-    env = {**os.environ, "MLFLOW_PORT": str(port), "MLFLOW_SERVER_DIR": str(tmp / "srv"), "BACKEND_STORE_URI": postgres}
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    with open(tmp / "server.log", "w") as log:  # the child keeps its own descriptor
-        proc = subprocess.Popen(["bash", str(ROOT / "infra" / "mlflow_server.sh")], stdout=log, stderr=subprocess.STDOUT,
-                                env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        try:
-            if urllib.request.urlopen(f"{url}/health", timeout=2).status == 200:
-                break
-        except OSError:
-            pass
-        if proc.poll() is not None:
-            pytest.fail(f"mlflow server exited: {(tmp / 'server.log').read_text()[-3000:]}")
-        time.sleep(1)
-    else:
-        pytest.fail("mlflow server did not answer /health within 120 s")
-    yield url, port, proc
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-
-
 @pytest.fixture(scope="module")
 def logged_sweep(ray_session, mlflow_server, tmp_path_factory):
-    url, _, _ = mlflow_server
+    url = mlflow_server.url
     tmp = tmp_path_factory.mktemp("ui-sweep")
     body = config_dict(
         algorithm={"local_lr": {"grid": [0.1, 0.05]}}, rounds=ROUNDS, eval_every=1,
@@ -112,7 +38,7 @@ def logged_sweep(ray_session, mlflow_server, tmp_path_factory):
 
 
 def test_server_listens_on_loopback_only(mlflow_server):
-    _, port, proc = mlflow_server
+    port, proc = mlflow_server.port, mlflow_server.proc
     family = {p.pid for p in psutil.Process(proc.pid).children(recursive=True)} | {proc.pid}
     listening = [c for c in psutil.net_connections("inet") if c.status == psutil.CONN_LISTEN and c.laddr.port == port]
     assert listening and {c.laddr.ip for c in listening} == {"127.0.0.1"}

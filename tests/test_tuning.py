@@ -308,11 +308,11 @@ def test_an_optuna_search_is_checked_at_the_edges_of_its_space_before_it_starts(
     body["algorithm"]["participation_rate"] = 0.5
     body["sweep"]["scheduler"] = {"asha": {"grace_rounds": 1}}
     (tmp_path / "edges.yaml").write_text(yaml.safe_dump(body))
-    with pytest.raises(ConfigError, match=r"sweep: scheduler: with search: 'optuna' a trial runs its seeds one after another"):
+    with pytest.raises(ConfigError, match=r"sweep.scheduler: with search: 'optuna' a trial runs its seeds one after another"):
         load_sweep(path, check_cluster=False)
     import importlib.util
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "optuna" else real(name, *a))
-    with pytest.raises(ConfigError, match=r"search: 'optuna' needs the optuna package, which is not installed: pip install 'fedsweep\[optuna\]'"):
+    with pytest.raises(ConfigError, match=r"sweep.search: 'optuna' needs the optuna package, which is not installed: pip install 'fedsweep\[optuna\]'"):
         load_sweep(path, check_cluster=False)

@@ -25,6 +25,7 @@ def write_idx(path, array: np.ndarray, gz: bool) -> None:
     header = struct.pack(">BBBB", 0, 0, 0x08, array.ndim) + b"".join(struct.pack(">I", d) for d in array.shape)
     raw = header + array.astype(np.uint8).tobytes()
     path.parent.mkdir(parents=True, exist_ok=True)
+    (path.parent / vision.SUBSET_MARKER).touch()  # a few images per class, not the official files' counts
     if gz:
         path.with_name(path.name + ".gz").write_bytes(gzip.compress(raw))
     else:
@@ -45,6 +46,7 @@ def make_mnist(root, per_class_train=12, per_class_test=4, seed=0, folder="MNIST
 
 def write_cifar_batch(path, x: np.ndarray, labels: list[int], label_key: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
+    (path.parent / vision.SUBSET_MARKER).touch()
     batch = {b"batch_label": b"test batch", label_key: labels, b"data": x, b"filenames": [b"f"] * len(labels)}
     path.write_bytes(pickle.dumps(batch, protocol=2))
 
@@ -188,7 +190,7 @@ def test_image_config_errors_name_the_field():
         validate(config_dict(data={"_replace": True, "dataset": "cifar100", "partition": {"name": "perfedavg"}}))
     with pytest.raises(ConfigError, match=r"data\.partition\.name"):
         validate(config_dict(data={"_replace": True, "dataset": "mnist", "partition": {"name": "bogus"}}))
-    with pytest.raises(ConfigError, match="model.kernel_size=5 is too large"):
+    with pytest.raises(ConfigError, match="model.kernel_size: 5 is too large"):
         validate(config_dict(model={"_replace": True, "name": "cnn"}))
 
 

@@ -172,16 +172,16 @@ def test_worker_pool_settings_are_checked_before_any_cluster_work():
             validate(raw)
         return str(err.value)
 
-    assert "client_workers=2 with clients_per_actor=2" in problems(client_workers=2, clients_per_actor=2)
+    assert "resources.clients_per_actor: 2 with client_workers=2" in problems(client_workers=2, clients_per_actor=2)
     assert "allowed: client_gpus 0 with client_workers >= 1" in problems(client_workers=2, client_gpus=0.5)
-    assert "resources.client_workers=5 is more workers than clients (data.num_clients=4); allowed: 0..4" in problems(client_workers=5)
+    assert "resources.client_workers: 5 is more workers than clients (data.num_clients=4); allowed: 0..4" in problems(client_workers=5)
     assert "resources.pool_channel" in problems(pool_channel="ray")  # the socket channel is gone: refused by name
     raw = config_dict(data={"num_clients": 4})
     raw["resources"] = {"server_cpus": 0.5, "client_cpus": 1.0, "client_workers": 2}
     cfg = validate(raw)
     assert cfg.resources.bundles(4) == [{"CPU": 1.5}, {"CPU": 1.0}]
     (msg,) = check_fits(cfg, 2.0, 0.0, None, "f.yaml")
-    assert msg == ("f.yaml: resources: one trial needs server_cpus + 2 client workers × client_cpus = 0.5 + 2 × 1 = "
+    assert msg == ("f.yaml: resources.client_cpus: one trial needs server_cpus + 2 client workers × client_cpus = 0.5 + 2 × 1 = "
                    "2.5 CPUs, but the cluster has 2; allowed: client_cpus <= 0.75 (or fewer client_workers)")
     raw["resources"] = {"server_cpus": 0.5, "client_cpus": 0.5, "client_workers": 4}
     (msg,) = check_fits(validate(raw), 4.0, 0.0, 1000.0, "f.yaml")

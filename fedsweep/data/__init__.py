@@ -15,7 +15,7 @@ from pydantic import Field, model_validator
 
 from fedsweep.client_data import ClientData
 from fedsweep.data import partitions, synthetic, vision
-from fedsweep.schema import StrictModel, aliases
+from fedsweep.schema import FieldError, StrictModel, aliases
 
 #: Clients one experiment may have (every client is a shard, a state and a share of an actor; above this
 #: the plan itself - splits, bundles - would exhaust the driver's memory before any check could speak).
@@ -40,17 +40,22 @@ ValidationFraction = Annotated[float, Field(
 )]
 
 
-def _pool_too_small(dataset: str, num_clients: int) -> str | None:
+def _pool_too_small(dataset: str, num_clients: int) -> FieldError | None:
     pool = POOL_SIZES[dataset]
     if num_clients > pool // 2:
-        return (f"num_clients={num_clients}: {dataset} has {pool} samples and every client needs at least 2 "
-                f"(one train, one test); allowed: 1..{pool // 2}")
+        return FieldError("num_clients", f"{num_clients}: {dataset} has {pool} samples and every client needs at least 2 "
+                                         f"(one train, one test); allowed: 1..{pool // 2}")
     return None
 
 
-def empty_client_problem(partition: str, dataset: str, client: int, samples: int) -> str:
-    return (f"partition: the {partition} split of {dataset} leaves client {client} with {samples} sample(s); every "
-            f"client needs at least 2 (one train, one test); allowed: {_SMALLER_SPLIT_FIX.get(partition, 'fewer clients')}")
+#: The field a split too fine for its dataset is fixed by first (the message names the others).
+_SPLIT_FIELD = {"dirichlet": "partition.concentration", "shards": "partition.shards_per_client"}
+
+
+def empty_client_problem(partition: str, dataset: str, client: int, samples: int) -> FieldError:
+    return FieldError(_SPLIT_FIELD.get(partition, "num_clients"),
+                      f"the {partition} split of {dataset} leaves client {client} with {samples} sample(s); every "
+                      f"client needs at least 2 (one train, one test); allowed: {_SMALLER_SPLIT_FIX.get(partition, 'fewer clients')}")
 
 
 class IIDPartition(StrictModel):
@@ -158,8 +163,8 @@ class SyntheticConfig(StrictModel):
     @model_validator(mode="after")
     def _sizes(self):
         if self.max_samples_per_client is not None and self.max_samples_per_client < self.min_samples_per_client:
-            raise ValueError(
-                f"max_samples_per_client ({self.max_samples_per_client}) must be >= "
+            raise FieldError(
+                "max_samples_per_client", f"{self.max_samples_per_client} must be >= "
                 f"min_samples_per_client ({self.min_samples_per_client})"
             )
         return self
@@ -181,15 +186,15 @@ class DigitsConfig(StrictModel):
     @model_validator(mode="after")
     def _feasible(self):
         if isinstance(self.partition, LabelSkewPartition) and self.partition.classes_per_client > DIGITS_CLASSES:
-            raise ValueError(
-                f"partition.classes_per_client={self.partition.classes_per_client} exceeds the "
+            raise FieldError(
+                "partition.classes_per_client", f"{self.partition.classes_per_client} exceeds the "
                 f"{DIGITS_CLASSES} classes of digits (allowed: 1..{DIGITS_CLASSES})"
             )
         if problem := _pool_too_small("digits", self.num_clients):
-            raise ValueError(problem)
+            raise problem
         sizes = [len(p) for p in _split_pooled(self, _digits()[1])]
         if min(sizes) < 2:
-            raise ValueError(empty_client_problem(self.partition.name, "digits", sizes.index(min(sizes)), min(sizes)))
+            raise empty_client_problem(self.partition.name, "digits", sizes.index(min(sizes)), min(sizes))
         return self
 
 
@@ -219,15 +224,16 @@ class ImageConfig(StrictModel):
     def _feasible(self):
         p = self.partition
         if isinstance(p, PFedMeMNISTPartition) and p.max_samples < p.min_samples:
-            raise ValueError(f"partition.max_samples ({p.max_samples}) must be >= partition.min_samples ({p.min_samples})")
+            raise FieldError("partition.max_samples", f"{p.max_samples} must be >= partition.min_samples ({p.min_samples})")
         classes = num_classes(self)
-        k = getattr(p, "classes_per_client", getattr(p, "labels_per_client", 1))
+        field = "classes_per_client" if hasattr(p, "classes_per_client") else "labels_per_client"
+        k = getattr(p, field, 1)
         if k > classes:
-            raise ValueError(f"partition: {k} classes per client exceeds the {classes} classes of {self.dataset}")
+            raise FieldError(f"partition.{field}", f"{k} exceeds the {classes} classes of {self.dataset} (allowed: 1..{classes})")
         if isinstance(p, PerFedAvgPartition) and classes != 10:
-            raise ValueError("partition.name=perfedavg needs classes 0-9 (mnist, fashion_mnist or cifar10)")
+            raise FieldError("partition.name", "perfedavg needs classes 0-9 (mnist, fashion_mnist or cifar10)")
         if problem := _pool_too_small(self.dataset, self.num_clients):
-            raise ValueError(problem)
+            raise problem
         return self
 
 
@@ -328,7 +334,7 @@ def _image_clients(cfg: ImageConfig) -> tuple[list[ClientData], int, int]:
     clients = []
     for i, idx in enumerate(_split_pooled(cfg, y)):
         if len(idx) < 2:
-            raise ValueError("data." + empty_client_problem(p.name, cfg.dataset, i, len(idx)))
+            raise ValueError(f"data.{empty_client_problem(p.name, cfg.dataset, i, len(idx))}")
         train, test = partitions.train_test_split(idx, cfg.test_fraction, split_rng)
         clients.append(_client(x, y, train, test, scale))
     return clients, x.shape[1], classes

@@ -148,21 +148,79 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fedsweep"
 
 
+#: What each format holds, checked file by file before anything is trained on (:func:`_checked`): the shape
+#: of one image (IDX: rows × columns; CIFAR: 3 × 32 × 32 channel-major bytes), the number of classes, and the
+#: samples of each official file (MNIST and Fashion-MNIST: 60,000 train, 10,000 test; CIFAR-10: 10,000 a
+#: batch; CIFAR-100: 50,000 and 10,000). ``POOL_SIZES`` of :mod:`fedsweep.data`, which validation uses to say
+#: whether a split is feasible, is the sum of these counts.
+FORMATS = {
+    "mnist": ((28, 28), 10, {"train-images-idx3-ubyte": 60_000, "t10k-images-idx3-ubyte": 10_000}),
+    "fashion_mnist": ((28, 28), 10, {"train-images-idx3-ubyte": 60_000, "t10k-images-idx3-ubyte": 10_000}),
+    "cifar10": ((3, 32, 32), 10, {**{f"data_batch_{i}": 10_000 for i in range(1, 6)}, "test_batch": 10_000}),
+    "cifar100": ((3, 32, 32), 100, {"train": 50_000, "test": 10_000}),
+}
+
+
+#: A file of this name in a dataset's folder declares its files a subset of the official ones, or stand-ins
+#: for them (tests, ``benchmarks/cifar_gpu.py``'s CI size): every check but the official counts applies.
+SUBSET_MARKER = "FEDSWEEP_SUBSET"
+
+
+def _checked(name: str, path: Path, images: Any, labels: Any, label_path: Path | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """One file's (or IDX pair's) images and labels, if they are what the format says: uint8 images of the
+    format's shape, as many labels as images, integer labels of the format's classes, the official file's
+    count (unless the folder holds :data:`SUBSET_MARKER`). Raises a ValueError naming the file (``label_path``:
+    the labels' own, IDX), what it holds and what the format needs."""
+    shape, classes, counts = FORMATS[name]
+    where = f"data.root: {path}"
+    if not isinstance(images, np.ndarray) or images.dtype != np.uint8:
+        got = images.dtype if isinstance(images, np.ndarray) else type(images).__name__
+        raise ValueError(f"{where}: images of type {got}; the {name} format holds uint8 pixels")
+    per_image = images.shape[1:] if name in IDX_DATASETS else (int(np.prod(images.shape[1:])) if images.ndim > 1 else 1,)
+    expected = shape if name in IDX_DATASETS else (int(np.prod(shape)),)
+    if images.ndim < 2 or tuple(per_image) != expected:
+        raise ValueError(f"{where}: images of shape {tuple(images.shape[1:]) or '()'} each; the {name} format holds "
+                         f"{' × '.join(map(str, shape))} ({'rows × columns' if name in IDX_DATASETS else 'channels × rows × columns'})")
+    labels, at = np.asarray(labels), f"data.root: {label_path or path}"
+    if labels.ndim != 1 or labels.dtype.kind not in "iu":
+        raise ValueError(f"{at}: labels of shape {labels.shape} and type {labels.dtype}; the {name} format holds "
+                         "one integer label per image")
+    if len(labels) != len(images):
+        raise ValueError(f"{at}: {len(labels)} labels for {len(images)} images; the format holds one label per image")
+    if len(labels) and (labels.min() < 0 or labels.max() >= classes):
+        raise ValueError(f"{at}: labels {int(labels.min())}..{int(labels.max())}; {name} has classes 0..{classes - 1}")
+    official = counts.get(path.name.removesuffix(".gz"))
+    if official is not None and len(images) != official and not (path.parent / SUBSET_MARKER).exists():
+        raise ValueError(f"{where}: {len(images)} images; the official {name} file holds {official} (a partial or "
+                         "different download: fetch the files again, or data.download: true; files that are a subset "
+                         f"on purpose: put a file named {SUBSET_MARKER} beside them)")
+    return images, labels
+
+
 def _decode(name: str, folder: Path) -> dict[str, np.ndarray]:
-    """Decompress or unpickle the files: images as uint8 (N × features, channel-major), int64 labels."""
+    """Decompress or unpickle the files, each checked against its format (:func:`_checked`): images as uint8
+    (N × features, channel-major), int64 labels; every class present in the training pool."""
     _, train, test, _ = LAYOUT[name]
+    images, labels = [], []
     if name in IDX_DATASETS:
-        parts = [_read(read_idx, _file(folder, f)) for f in train + test]
-        images, labels = [parts[0], parts[2]], [parts[1], parts[3]]
+        for image_file, label_file in (train, test):
+            path, label_path = _file(folder, image_file), _file(folder, label_file)
+            x, y = _checked(name, path, _read(read_idx, path), _read(read_idx, label_path), label_path)
+            images.append(x)
+            labels.append(y)
     else:
         key = "labels" if name == "cifar10" else "fine_labels"
-        images, labels = [], []
         for files in (train, test):
-            batches = [_read(read_cifar_batch, _file(folder, f)) for f in files]
-            images.append(np.concatenate([np.asarray(b["data"], dtype=np.uint8) for b in batches]))
-            labels.append(np.concatenate([np.asarray(b[key]) for b in batches]))
+            checked = [_checked(name, _file(folder, f), b["data"], b.get(key))
+                       for f in files for b in [_read(read_cifar_batch, _file(folder, f))]]
+            images.append(np.concatenate([x for x, _ in checked]))
+            labels.append(np.concatenate([y for _, y in checked]))
     x_train, x_test = (np.ascontiguousarray(im.reshape(len(im), -1), dtype=np.uint8) for im in images)
     y_train, y_test = (np.asarray(y, dtype=np.int64) for y in labels)
+    missing = sorted(set(range(FORMATS[name][1])) - set(np.unique(y_train).tolist()))
+    if missing:
+        raise ValueError(f"data.root: {folder}: the training files hold no image of class(es) {missing[:10]}; "
+                         f"{name} has {FORMATS[name][1]} classes, each in its training files")
     return {"x_train": x_train, "y_train": y_train, "x_test": x_test, "y_test": y_test}
 
 
@@ -177,11 +235,12 @@ def _read(reader: Callable[[Path], Any], path: Path) -> Any:
 def _source_key(name: str, folder: Path) -> str:
     """Identity of the source files (path, size, modification time): a changed file gets a new cache entry."""
     _, train, test, _ = LAYOUT[name]
-    h = hashlib.sha1(name.encode())
+    h = hashlib.sha1(f"{name}|checked".encode())  # entries written before the format checks are decoded again
     for f in train + test:
         p = _file(folder, f)
         st = p.stat()
         h.update(f"{p.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode())
+    h.update(str((folder / SUBSET_MARKER).exists()).encode())  # a marker added or removed: checked again
     return h.hexdigest()[:16]
 
 

@@ -1,0 +1,82 @@
+"""The metric writer without a tracking server that answers: what it holds (in memory, then in a file), in order,
+how soon a trial learns of the outage, and the error past ``tracking.outage_limit_s``; and the store's
+deduplication that makes a repeated write harmless. The outage of a real server: tests/test_tracking_outage.py."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from fedsweep.config import ConfigError
+from fedsweep.loading import validate
+from fedsweep.metric_writer import MetricWriter, TrackingOutage
+from tests.conftest import config_dict
+from tests.test_job_submit import free_port
+
+
+def rounds(n: int, per_round: int = 11, first: int = 0) -> list[list]:
+    from mlflow.entities import Metric
+
+    return [[Metric(f"m{k}", float(r * 100 + k), 1_700_000_000_000 + r, r) for k in range(per_round)]
+            for r in range(first, first + n)]
+
+
+def as_tuples(metrics: list) -> list[tuple]:
+    return [(m.key, m.value, m.timestamp, m.step) for m in metrics]
+
+
+def test_an_unreachable_server_holds_every_metric_in_order_then_fails_past_the_limit(tmp_path):
+    uri = f"http://127.0.0.1:{free_port()}"  # nothing listens: every connection is refused
+    writer = MetricWriter(uri, "0" * 32, limit_s=1.5, max_held=30, spill_dir=str(tmp_path))
+    put = rounds(10)
+    started = time.monotonic()
+    writer.put(put[:2])  # 22 metrics: in memory
+    assert not writer.wait(until_written=False)  # the outage is reported, not waited out
+    assert time.monotonic() - started < 5 and writer.outage_since is not None
+    writer.put(put[2:])  # past 30 held metrics every further round goes to the file
+    writer.check()  # within the limit: training goes on
+    assert writer.held == 110 and writer.written == 0
+    assert writer.spill_file is not None and writer.spill_file.parent == tmp_path
+    assert len(writer.spill_file.read_text().splitlines()) == 8
+    assert as_tuples(writer.held_metrics()) == as_tuples([m for r in put for m in r])
+
+    time.sleep(max(0.0, writer.outage_since + 1.6 - time.monotonic()))
+    with pytest.raises(TrackingOutage, match=r"tracking\.outage_limit_s=1\.5: .* 110 metrics from round 0 on are held"):
+        writer.check()
+    assert writer.gave_up
+    with pytest.raises(TrackingOutage):
+        writer.wait()  # as finish() would: no longer than the limit
+    assert as_tuples(writer.held_metrics()) == as_tuples([m for r in put for m in r])  # nothing dropped
+    writer.close()
+    assert writer.spill_file is None and not list(tmp_path.iterdir())
+
+
+def test_held_rounds_from_memory_and_file_reach_the_store_in_order_exactly_once(tmp_path):
+    """A SQLite store takes everything at once; a write repeated with the same metrics (an attempt whose answer was
+    lost) is stored once, which is what lets the writer retry without counting."""
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    c = MlflowClient(uri)
+    run_id = c.create_run(c.create_experiment("writer")).info.run_id
+    writer = MetricWriter(uri, run_id, limit_s=60, max_held=25, spill_dir=str(tmp_path))
+    put = rounds(120, per_round=11)  # 1320 metrics: two calls at least, most rounds through the file
+    writer.put(put)
+    assert writer.wait()
+    writer.put(rounds(3, per_round=11))  # rounds 0-2 again, with their first timestamps
+    assert writer.wait() and writer.written == 1353
+    writer.close()
+    for k in (0, 10):
+        history = c.get_metric_history(run_id, f"m{k}")
+        assert sorted(m.step for m in history) == list(range(120))
+        assert {m.step: m.value for m in history} == {r: float(r * 100 + k) for r in range(120)}
+    assert not [p for p in tmp_path.iterdir() if p.suffix == ".jsonl"]
+
+
+def test_outage_limit_is_a_positive_number_of_seconds():
+    assert validate(config_dict()).tracking.outage_limit_s == 600
+    assert validate(config_dict(tracking={"outage_limit_s": 45})).tracking.outage_limit_s == 45
+    for bad in (0, -5, float("inf"), "600"):
+        with pytest.raises(ConfigError, match="outage_limit_s"):
+            validate(config_dict(tracking={"outage_limit_s": bad}))

@@ -1,0 +1,177 @@
+"""A tracking server that goes away mid-sweep (issue 36), with the real server: PostgreSQL behind
+`infra/mlflow_server.sh`, stopped while trials train and started again on the same port and store.
+
+A trial whose writes fail keeps training and holds its metrics; written when the server answers again, every round's
+metrics are in its run exactly once, as many as an uninterrupted run of the same config logs. An outage longer than
+``tracking.outage_limit_s`` fails the trial with an error naming the limit; its run holds every round up to its last
+checkpoint, and the retry from that checkpoint completes it, nothing missing and nothing twice."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedsweep import metric_writer
+from fedsweep.experiment import InProcessRunner, execute
+from fedsweep.loading import load_sweep, validate
+from fedsweep.metric_writer import TrackingOutage
+from fedsweep.tracking import RunLogger, ensure_experiment
+from tests.conftest import ROOT, config_dict
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+FEDSWEEP = str(Path(sys.executable).with_name("fedsweep"))
+OUTAGE_S = 30
+
+
+def metric_steps(uri: str, run_id: str) -> dict[str, list[int]]:
+    """Every metric key of the run with the steps it holds, sorted, repeats kept."""
+    from mlflow import MlflowClient
+
+    c = MlflowClient(uri)
+    return {k: sorted(m.step for m in c.get_metric_history(run_id, k)) for k in c.get_run(run_id).data.metrics}
+
+
+def assert_each_round_once(steps: dict[str, list[int]], reference: dict[str, list[int]]) -> None:
+    assert all(len(set(s)) == len(s) for s in steps.values()), {k: s for k, s in steps.items() if len(set(s)) < len(s)}
+    assert steps == reference
+    assert sum(map(len, steps.values())) == sum(map(len, reference.values()))
+
+
+def test_an_outage_past_the_limit_fails_the_trial_and_its_retry_loses_nothing(mlflow_server, tmp_path, monkeypatch):
+    """In this process (no Ray): the server is stopped in round 7; the trial trains on, holding its rounds (past 40
+    metrics in a file) and saving no checkpoint, until the limit fails it. Its run holds rounds 0-6 (the last
+    checkpoint's); the retry from that checkpoint, once the server is back, logs the rest once."""
+    from mlflow import MlflowClient
+
+    monkeypatch.setattr(metric_writer, "MAX_HELD", 40)
+    url, limit = mlflow_server.url, 2
+    cfg = validate(config_dict(rounds=20, eval_every=2, resources=None,
+                               tracking={"experiment": "outage-limit", "outage_limit_s": limit}))
+    exp = ensure_experiment(url, "outage-limit")
+    logger = RunLogger(url, exp, cfg, "limit")
+    checkpoints: dict[int, dict] = {}
+    seen: dict[str, object] = {}
+
+    def on_round(m: dict[str, float]) -> None:
+        rnd = int(m["round"])
+        if rnd == 7:
+            mlflow_server.stop()
+        if rnd == 12:  # the outage began at round 8's write; let it outlast the limit
+            deadline = time.monotonic() + 60
+            while (since := logger.writer.outage_since) is None or time.monotonic() - since <= limit:
+                assert time.monotonic() < deadline, "the writer never saw the outage"
+                time.sleep(0.1)
+            seen.update(held=logger.writer.held, spill_file=logger.writer.spill_file)
+
+    with pytest.raises(TrackingOutage, match=rf"tracking\.outage_limit_s={limit}: .* from round 7 on are held") as failed:
+        execute(cfg, logger, on_round, checkpoint_every=3, runner=InProcessRunner(cfg),
+                on_checkpoint=lambda m, checkpoint: checkpoints.update({int(m["round"]): checkpoint}))
+    assert url in str(failed.value)
+    assert sorted(checkpoints) == [3, 6]  # none at 9 or 12: rounds before them were not in MLflow
+    assert seen["held"] > 40 and seen["spill_file"] is not None  # rounds 7-12, part of them in the file
+    assert not Path(seen["spill_file"]).exists()  # removed with the writer: the retry recomputes those rounds
+
+    mlflow_server.start()
+    c = MlflowClient(url)
+    assert c.get_run(logger.run_id).info.status == "RUNNING"  # not ended by an attempt that could not reach it
+    assert sorted(m.step for m in c.get_metric_history(logger.run_id, "uploads")) == list(range(7))
+
+    retry = RunLogger(url, exp, cfg, "limit", run_id=logger.run_id)  # what a Tune retry does (fedsweep.sweep)
+    assert retry.logged_through == 6
+    execute(cfg, retry, runner=InProcessRunner(cfg), resume=checkpoints[6])
+    reference = RunLogger(url, exp, cfg, "reference")
+    execute(cfg, reference, runner=InProcessRunner(cfg))
+    assert c.get_run(logger.run_id).info.status == "FINISHED"
+    assert_each_round_once(metric_steps(url, logger.run_id), metric_steps(url, reference.run_id))
+    uploads = {m.step: m.value for m in c.get_metric_history(logger.run_id, "uploads")}
+    assert uploads == {m.step: m.value for m in c.get_metric_history(reference.run_id, "uploads")}
+
+
+def run_reference(sweep_file: str, index: int, uri: str) -> None:
+    """Trial ``index`` of the sweep, uninterrupted, in this process into ``uri``: ``python -c`` runs it beside the sweep."""
+    cfg = load_sweep(sweep_file).trials[index].config
+    logger = RunLogger(uri, ensure_experiment(uri, "reference"), cfg, run_name=f"trial {index}")
+    execute(cfg, logger, runner=InProcessRunner(cfg))
+
+
+def test_a_sweep_trains_through_an_outage_and_logs_every_round_once(mlflow_server, tmp_path):
+    """Two trials at once (`fedsweep sweep`, its own Ray instance); once both have written some rounds the server is
+    stopped for 30 s and started again. Beside the sweep, each trial's config runs uninterrupted into a SQLite store."""
+    from mlflow import MlflowClient
+
+    if mlflow_server.proc is None:  # left stopped by a failed test before
+        mlflow_server.start()
+    url = mlflow_server.url
+    rounds = 100
+    body = config_dict(algorithm={"local_steps": 250}, rounds=rounds, eval_every=4, resources=None,
+                       tracking={"experiment": "outage", "tracking_uri": url})
+    body["sweep"] = {"name": "outage", "max_concurrent_trials": 2, "seeds": [0, 1], "checkpoint_every": 4,
+                     "storage_path": str(tmp_path / "ray_results")}
+    path = tmp_path / "outage.yaml"
+    path.write_text(yaml.safe_dump(body))
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_RUN_ID", "MLFLOW_TRACKING_URI")}
+    log = open(tmp_path / "sweep.log", "w")  # noqa: SIM115 - the driver writes it until it ends
+    started = time.time()
+    driver = subprocess.Popen([FEDSWEEP, "sweep", str(path), "--quiet"], stdout=log, stderr=subprocess.STDOUT, env=env,
+                              cwd=tmp_path, start_new_session=True)
+    ref_uris = [f"sqlite:///{tmp_path / f'reference_{i}.db'}" for i in range(2)]  # one each: no two create one store
+    script = "import sys; from tests.test_tracking_outage import run_reference as r; r(sys.argv[1], int(sys.argv[2]), sys.argv[3])"
+    references = [subprocess.Popen([sys.executable, "-c", script, str(path), str(i), ref_uris[i]], cwd=ROOT, env=env,
+                                   stdout=subprocess.DEVNULL) for i in range(2)]
+    c = MlflowClient(url)
+
+    def trials() -> list:
+        exp = c.get_experiment_by_name("outage")
+        runs = c.search_runs([exp.experiment_id]) if exp else []
+        return [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+
+    def sweep_log() -> str:
+        return (tmp_path / "sweep.log").read_text()[-4000:]
+
+    try:
+        deadline = time.time() + 300
+        while True:  # both trials running, each past its first evaluation's write
+            runs = trials()
+            written = [max((m.step for m in c.get_metric_history(r.info.run_id, "uploads")), default=-1) for r in runs]
+            if len(runs) == 2 and min(written) >= 4:
+                break
+            assert driver.poll() is None and time.time() < deadline, f"the sweep ended or stalled:\n{sweep_log()}"
+            time.sleep(1)
+        assert all(r.info.status == "RUNNING" for r in runs) and max(written) < rounds
+        down_at = time.time()
+        mlflow_server.stop()
+        while time.time() < down_at + OUTAGE_S:
+            assert driver.poll() is None, f"the sweep ended during the outage:\n{sweep_log()}"
+            time.sleep(1)
+        mlflow_server.start()
+        up_at = time.time()
+        assert driver.wait(timeout=420) == 0, sweep_log()
+        ended = time.time()
+        assert [p.wait(timeout=300) for p in references] == [0, 0]
+    finally:
+        for p in [driver, *references]:
+            if p.poll() is None:
+                p.kill()
+        log.close()
+    print(f"sweep {ended - started:.0f} s; stopped after {down_at - started:.0f} s with rounds {written} written, "
+          f"started again {up_at - down_at:.0f} s later")
+
+    runs = trials()
+    assert len(runs) == 2 and all(r.info.status == "FINISHED" and r.data.tags["fedsweep.outcome"] == "finished" for r in runs)
+    for r in runs:
+        index = int(r.data.tags["fedsweep.trial_index"])
+        ref = MlflowClient(ref_uris[index])
+        (ref_run,) = ref.search_runs([ref.get_experiment_by_name("reference").experiment_id])
+        steps = metric_steps(url, r.info.run_id)
+        assert_each_round_once(steps, metric_steps(ref_uris[index], ref_run.info.run_id))
+        assert steps["uploads"] == list(range(rounds + 1))
+        # rounds trained while the server was down were held and written afterwards, with the time they were taken
+        taken = [m.timestamp / 1000 for m in c.get_metric_history(r.info.run_id, "uploads")]
+        assert any(down_at < t < up_at for t in taken), (down_at, up_at)
