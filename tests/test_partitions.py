@@ -53,6 +53,9 @@ def test_perfedavg_class_counts_per_user(diff_hetero):
     assert disjoint([tr for tr, _ in split]) and disjoint([te for _, te in split])
     assert Counter(highs) == {c: 5 for c in range(5, 10)}  # the single classes are dealt evenly
     assert not lows if diff_hetero else Counter(lows) == {c: 5 for c in range(5)}
+    if not diff_hetero:  # "the distribution of images over all the users are different": the 25 pairs, each once
+        pairs = {tuple(sorted(set(TRAIN[tr].tolist()))) for tr, _ in split[25:]}
+        assert pairs == {(lo, hi) for lo in range(5) for hi in range(5, 10)}
     assert same(split, P.perfedavg(TRAIN, TEST, 50, a, a_test, diff_hetero, rng()))
     assert not same(split, P.perfedavg(TRAIN, TEST, 50, a, a_test, diff_hetero, rng(1)))
 
@@ -88,6 +91,29 @@ def test_pfedme_mnist_chain_gives_user_i_labels_i_and_i_plus_1_as_the_authors_ge
     assert disjoint(parts)
 
 
+@pytest.mark.parametrize("n, k, classes, at_least", [(100, 5, 10, 60), (100, 3, 10, 50), (100, 7, 10, 50),
+                                                      (100, 5, 100, 100), (20, 2, 10, 15)])
+def test_class_lists_vary_and_every_class_has_as_many_holders(n, k, classes, at_least):
+    """The ACID and label_skew lists (issue 37): the round-robin over one permutation they replace gave
+    C / gcd(k, C) lists (2 for 5 of 10, 10 for 3 of 10, 5 for 2 of 10); each list k distinct classes, and
+    each class held by n·k / C clients give or take one."""
+    held = P.deal_classes(np.arange(classes), n, k, rng())
+    assert all(len(set(h)) == k for h in held)
+    assert len({tuple(h) for h in held}) >= at_least
+    holders = np.bincount(np.concatenate(held), minlength=classes)
+    assert holders.max() - holders.min() <= 1 and holders.sum() == n * k
+    assert held == P.deal_classes(np.arange(classes), n, k, rng()) != P.deal_classes(np.arange(classes), n, k, rng(1))
+
+
+def test_label_skew_deals_the_varied_lists_and_splits_each_class_among_its_holders():
+    labels = np.repeat(np.arange(10), 40)
+    parts = P.label_skew(labels, 20, 2, rng())
+    lists = [tuple(sorted(set(labels[p].tolist()))) for p in parts]
+    assert all(len(c) == 2 for c in lists) and len(set(lists)) >= 15  # 5 before: {perm[2i], perm[2i+1]}
+    assert disjoint(parts) and sum(len(p) for p in parts) == len(labels)
+    assert all(len(p) == 20 for p in parts)  # each class held by 4 clients: 40 / 4 = 10 of each of 2 classes
+
+
 def test_acid_draws_without_replacement_from_each_devices_classes():
     split = P.acid(TRAIN, TEST, 100, 5, rng())
     for tr, te in split:
@@ -95,6 +121,7 @@ def test_acid_draws_without_replacement_from_each_devices_classes():
         assert len(tr) == 60 and len(te) == 20  # 600 / 50 holders × 5 classes; 200 / 50 × 5
     assert disjoint([tr for tr, _ in split]) and disjoint([te for _, te in split])
     assert sum(len(tr) for tr, _ in split) == len(TRAIN)  # every sample used once
+    assert len({tuple(sorted(set(TRAIN[tr].tolist()))) for tr, _ in split}) >= 60  # not the two lists of old
     assert same(split, P.acid(TRAIN, TEST, 100, 5, rng()))
     assert not same(split, P.acid(TRAIN, TEST, 100, 5, rng(1)))
 

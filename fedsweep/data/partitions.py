@@ -15,30 +15,48 @@ def iid(labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[
     return [np.sort(p) for p in np.array_split(rng.permutation(len(labels)), num_clients)]
 
 
+def deal_classes(classes: np.ndarray, num_clients: int, classes_per_client: int, rng: np.random.Generator) -> list[list[int]]:
+    """Each client's list of ``classes_per_client`` = k distinct classes, dealt from a stream of seeded
+    permutations of the class list: a client takes the first k classes at the stream's front that it does not
+    hold yet (a class it holds waits there for the next client), and the stream grows by a fresh permutation
+    whenever it runs short. Every class is held by the same number of clients give or take one, and the lists
+    vary from client to client (Acar et al.'s ACID: "a fixed sized class list to each device", "many devices
+    where each of them have strictly different classes"). Until 2026-11-25 the classes were dealt round-robin
+    over one permutation, which gives at most C / gcd(k, C) distinct lists (two lists for 5 of 10 classes)."""
+    if classes_per_client > len(classes):
+        raise ValueError(f"classes_per_client={classes_per_client} exceeds the {len(classes)} classes")
+    stream: list[int] = []
+    held = []
+    for _ in range(num_clients):
+        mine: list[int] = []
+        while len(mine) < classes_per_client:
+            at = next((i for i, c in enumerate(stream) if c not in mine), None)
+            if at is None:
+                stream += [int(c) for c in rng.permutation(classes)]
+            else:
+                mine.append(stream.pop(at))
+        held.append(sorted(mine))
+    return held
+
+
+def _split_among_holders(labels: np.ndarray, held: list[list[int]], rng: np.random.Generator) -> list[np.ndarray]:
+    """Each class's samples, shuffled and split evenly among the clients whose lists hold it (disjoint parts)."""
+    parts: list[list[np.ndarray]] = [[] for _ in held]
+    for c in np.unique(labels):
+        holders = [i for i, mine in enumerate(held) if c in mine]
+        members = rng.permutation(np.flatnonzero(labels == c))
+        for i, chunk in zip(holders, np.array_split(members, len(holders)) if holders else []):
+            parts[i].append(chunk)
+    return [np.sort(np.concatenate(p)) if p else np.zeros(0, np.int64) for p in parts]
+
+
 def label_skew(
     labels: np.ndarray, num_clients: int, classes_per_client: int, rng: np.random.Generator
 ) -> list[np.ndarray]:
-    """Each client holds exactly ``classes_per_client`` classes.
-
-    Classes are dealt round-robin over a seeded permutation of the class list
-    (client i gets classes perm[(i·k + j) mod C], j < k), so every class is held
-    by some client whenever n·k ≥ C; each class's samples are shuffled and split
-    evenly among the clients that hold it.
-    """
-    classes = np.unique(labels)
-    if classes_per_client > len(classes):
-        raise ValueError(f"classes_per_client={classes_per_client} exceeds the {len(classes)} classes")
-    order = rng.permutation(classes)
-    held = [[order[(i * classes_per_client + j) % len(classes)] for j in range(classes_per_client)] for i in range(num_clients)]
-    parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
-    for c in classes:
-        holders = [i for i in range(num_clients) if c in held[i]]
-        if not holders:
-            continue
-        members = rng.permutation(np.flatnonzero(labels == c))
-        for i, chunk in zip(holders, np.array_split(members, len(holders))):
-            parts[i].append(chunk)
-    return [np.sort(np.concatenate(p)) for p in parts]
+    """Each client holds exactly ``classes_per_client`` classes, dealt by :func:`deal_classes` (so every class
+    is held by some client whenever n·k ≥ C); each class's samples are shuffled and split evenly among the
+    clients that hold it."""
+    return _split_among_holders(labels, deal_classes(np.unique(labels), num_clients, classes_per_client, rng), rng)
 
 
 def train_test_split(indices: np.ndarray, test_fraction: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -96,8 +114,10 @@ def perfedavg(
 ) -> Split:
     """Per-FedAvg's split (Fallah et al. 2020, Sec. 5): the first ⌈n/2⌉ users hold ``a`` images of each
     of classes 0-4; each other user holds a/2 images of one class in 0-4 and 2a of one class in 5-9
-    (``diff_hetero``: only the 2a). The single classes of those users are dealt round-robin over seeded
-    permutations of 0-4 and 5-9. Test data is split the same way with ``a_test``.
+    (``diff_hetero``: only the 2a). The paper wants "the distribution of images over all the users" different:
+    user j of the second half takes low[j mod 5] and high[(j + ⌊j/5⌋) mod 5] of seeded permutations of 0-4 and
+    5-9, so its 25 first users hold the 25 pairs, each class as often as the others (until 2026-11-25 the pair
+    was (low[j mod 5], high[j mod 5]): 5 pairs). Test data is split the same way with ``a_test``.
     """
     half = (num_clients + 1) // 2
     low, high = rng.permutation(5), 5 + rng.permutation(5)
@@ -107,7 +127,7 @@ def perfedavg(
             recipes.append([(c, 1.0) for c in range(5)])
         else:
             j = i - half
-            recipe = [(int(high[j % 5]), 2.0)]
+            recipe = [(int(high[(j + j // 5) % 5]), 2.0)]
             if not diff_hetero:
                 recipe.insert(0, (int(low[j % 5]), 0.5))
             recipes.append(recipe)
@@ -127,30 +147,12 @@ def perfedavg(
 def acid(
     train_labels: np.ndarray, test_labels: np.ndarray, num_clients: int, classes_per_client: int, rng: np.random.Generator
 ) -> Split:
-    """ACID (Acar et al. 2021): each device gets ``classes_per_client`` classes and its train and test
-    samples are drawn without replacement from those classes, disjoint across devices. Classes are
-    dealt as in :func:`label_skew` (a seeded round-robin, so each class has the same number of
-    holders when n·k is a multiple of C) and each class's train and test pools are split evenly
-    among its holders.
-    """
-    classes = np.unique(np.concatenate([train_labels, test_labels]))
-    if classes_per_client > len(classes):
-        raise ValueError(f"classes_per_client={classes_per_client} exceeds the {len(classes)} classes")
-    order = rng.permutation(classes)
-    held = [
-        [int(order[(i * classes_per_client + j) % len(classes)]) for j in range(classes_per_client)]
-        for i in range(num_clients)
-    ]
-    split = []
-    for labels in (train_labels, test_labels):
-        parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
-        for c in classes:
-            holders = [i for i in range(num_clients) if c in held[i]]
-            members = rng.permutation(np.flatnonzero(labels == c))
-            for i, chunk in zip(holders, np.array_split(members, len(holders)) if holders else []):
-                parts[i].append(chunk)
-        split.append([np.sort(np.concatenate(p)) if p else np.zeros(0, np.int64) for p in parts])
-    return list(zip(split[0], split[1]))
+    """ACID (Acar et al. 2021): each device gets a list of ``classes_per_client`` classes
+    (:func:`deal_classes`: varied lists, every class held by as many devices give or take one) and its train
+    and test samples are drawn without replacement from those classes, disjoint across devices: each class's
+    train and test pools are split evenly among its holders."""
+    held = deal_classes(np.unique(np.concatenate([train_labels, test_labels])), num_clients, classes_per_client, rng)
+    return list(zip(_split_among_holders(train_labels, held, rng), _split_among_holders(test_labels, held, rng)))
 
 
 def label_permutations(num_clients: int, num_classes: int, rng: np.random.Generator) -> np.ndarray:
