@@ -15,7 +15,8 @@ from fedsweep.algorithms.feddyn import FedDyn, FedDynParams
 from fedsweep.algorithms.perfedavg import meta_step
 from fedsweep.algorithms.pfedme import PFedMe, PFedMeParams, prox_solve
 from fedsweep.algorithms.pfldyn import PFLDyn, PFLDynParams
-from fedsweep.algorithms.transforms import proto_scores
+from fedsweep.algorithms.transforms import proto_scores, transformed_gradient
+from fedsweep.config import ConfigError
 from fedsweep.engine import run_local
 from fedsweep.loading import validate
 from fedsweep.models import FlatModel, MLPConfig, MLRConfig, build_model
@@ -59,6 +60,38 @@ def test_perfedavg_exact_matches_hand_computed_maml_on_a_quadratic():
     assert (got - expected).abs().max() < 1e-6
     fo, _ = meta_step(quadratic, w, ((a1, b1), (a2, b2), (a3, b3)), alpha, beta, "fo", 1e-3)
     assert (fo - (w - beta * g)).abs().max() < 1e-12
+
+
+class QuadraticClient:
+    """What transformed_gradient asks of a client: its loss, and batches (the support, then the query set)."""
+
+    def __init__(self, *batches):
+        self.loss, self.batches = quadratic, list(batches)
+
+    def batch(self, batch_size):
+        return self.batches.pop(0)
+
+
+def test_second_order_maml_differentiates_through_the_inner_step_on_a_quadratic():
+    """PFL's MAML transform (issue 37): maml_order 2 is ∇_w f(w − η∇f(w; D); D′) = (I − ηA_D)(A_D′ w̄ − b_D′);
+    order 1 drops the (I − ηA_D), as the paper's Algorithm 1 writes it."""
+    (a1, b1), (a2, b2) = spd(5, 1), spd(5, 2)
+    w = torch.randn(5, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    eta = 0.1
+    g_query = a2 @ (w - eta * (a1 @ w - b1)) - b2
+    second, _ = transformed_gradient(QuadraticClient((a1, b1), (a2, b2)), "maml", w, eta, None, maml_order=2)
+    assert (second - (torch.eye(5, dtype=torch.float64) - eta * a1) @ g_query).abs().max() < 1e-10
+    first, _ = transformed_gradient(QuadraticClient((a1, b1), (a2, b2)), "maml", w, eta, None, maml_order=1)
+    assert (first - g_query).abs().max() < 1e-12
+    v = w.clone().requires_grad_(True)  # the same as autograd through the step
+    (through,) = torch.autograd.grad(quadratic(v - eta * (a1 @ v - b1), (a2, b2)), v)
+    assert (second - through).abs().max() < 1e-10
+
+
+def test_second_order_maml_is_refused_without_the_maml_transform():
+    with pytest.raises(ConfigError, match=r"algorithm.maml_order: 2 differentiates through the MAML step, but transform is 'proto'"):
+        cfg_for({"name": "pfldyn", "transform": "proto", "maml_order": 2})
+    assert cfg_for({"name": "pflscaf", "transform": "maml", "maml_order": 2}).algorithm.maml_order == 2
 
 
 def test_perfedavg_hf_approaches_exact_as_delta_shrinks():

@@ -64,6 +64,7 @@ VECTORIZABLE = {
     "scaffold": {"name": "scaffold"},
     "feddyn": {"name": "feddyn", "regularization": 0.01},
     "pfldyn_maml": {"name": "pfldyn", "transform": "maml", "personalization_lr": 0.05},
+    "pfldyn_maml_second_order": {"name": "pfldyn", "transform": "maml", "personalization_lr": 0.05, "maml_order": 2},
     "pflscaf_maml": {"name": "pflscaf", "transform": "maml", "personalization_lr": 0.05},
 }
 

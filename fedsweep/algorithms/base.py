@@ -178,6 +178,15 @@ def grad(loss: LossFn, params: torch.Tensor, batch: Batch) -> tuple[torch.Tensor
     return g, loss_value(value)
 
 
+def hessian_vector(loss: LossFn, w: torch.Tensor, batch: Batch, v: torch.Tensor) -> torch.Tensor:
+    """∇²f(w; D) v by differentiating ⟨∇f(w; D), v⟩ once more (stacked clients: the loss is their sum, so the
+    Hessian is block-diagonal and each client's product its own)."""
+    w = w.detach().requires_grad_(True)
+    (g,) = torch.autograd.grad(loss(w, batch).sum(), w, create_graph=True)
+    (hv,) = torch.autograd.grad((g * v.detach()).sum(), w)
+    return hv
+
+
 def sgd(
     ctx: ClientContext,
     params: torch.Tensor,

@@ -31,7 +31,7 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from fedsweep.algorithms.base import Batch, ClientContext, LossFn, State, grad, register
+from fedsweep.algorithms.base import Batch, ClientContext, LossFn, State, grad, hessian_vector, register
 from fedsweep.algorithms.fedavg import FedAvg, PersonalizationMixin
 from fedsweep.schema import aliases
 
@@ -57,14 +57,6 @@ class PerFedAvgParams(PersonalizationMixin):
     @property
     def leaks_test_data(self) -> bool:
         return self.evaluation == "adapt_on_test_batch"
-
-
-def hessian_vector(loss: LossFn, w: torch.Tensor, batch: Batch, v: torch.Tensor) -> torch.Tensor:
-    """∇²f(w; D) v by differentiating ⟨∇f(w; D), v⟩ once more."""
-    w = w.detach().requires_grad_(True)
-    (g,) = torch.autograd.grad(loss(w, batch).sum(), w, create_graph=True)
-    (hv,) = torch.autograd.grad((g * v.detach()).sum(), w)
-    return hv
 
 
 def meta_step(

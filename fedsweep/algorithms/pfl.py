@@ -1,13 +1,14 @@
-"""What the PFL algorithms (Acar et al., 2021) share: the choice of transform and its step size η (α)."""
+"""What the PFL algorithms (Acar et al., 2021) share: the choice of transform, its step size η (α), and the
+order of the MAML step's gradient."""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from fedsweep.algorithms.base import HyperParameters
-from fedsweep.schema import aliases
+from fedsweep.schema import FieldError, aliases
 
 
 class TransformMixin(HyperParameters):
@@ -18,6 +19,20 @@ class TransformMixin(HyperParameters):
         validation_alias=aliases("personalization_lr", "alpha", "α", "eta", "η"),
         description="α (the paper's η): step size of the MAML transform; unused by Proto.",
     )
+
+    maml_order: Literal[1, 2] = Field(
+        1,
+        description="1: the MAML step's first-order gradient ∇f_i(w̄; D′) at w̄ = T(w; D) (the paper's Algorithm 1); "
+        "2: the gradient through the inner step, (I − η∇²f_i(w; D)) ∇f_i(w̄; D′), what the authors' Higher library "
+        "differentiates. Only with transform: maml.",
+    )
+
+    @model_validator(mode="after")
+    def _order_of_maml(self):
+        if self.maml_order == 2 and self.transform != "maml":
+            raise FieldError("maml_order", f"2 differentiates through the MAML step, but transform is {self.transform!r}; "
+                                           "allowed: 1, or transform: maml")
+        return self
 
     def model_problem(self, model_name: str) -> str | None:
         if self.transform == "proto" and model_name == "mlr":
@@ -34,3 +49,7 @@ class TransformedAlgorithm:
 
     def transform_lr(self) -> float:
         return self.hp.personalization_lr
+
+    @property
+    def maml_order(self) -> int:  # type: ignore[override]
+        return self.hp.maml_order

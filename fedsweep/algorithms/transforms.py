@@ -5,8 +5,10 @@ evaluation through the personalized predictor:
 
 - identity: T(w) = w (FedDyn, SCAFFOLD, FedAvg).
 - MAML: T(w; D) = w − η ∇f_i(w; D). The step uses ∇f_i(w̄; D′) at w̄ = T(w; D) (first order, as in
-  the paper's Algorithm 1 line "∇f̃_i(w̄; D′)"); evaluation adapts w with one step of size η on the
-  client's whole training set.
+  the paper's Algorithm 1 line "∇f̃_i(w̄; D′)"), or with ``maml_order: 2`` the gradient of f_i(T(w; D); D′)
+  itself, (I − η ∇²f_i(w; D)) ∇f_i(w̄; D′) (a Hessian-vector product: what the authors adapt with the
+  Higher library, which differentiates through the inner step); evaluation adapts w with one step of size η
+  on the client's whole training set.
 - Proto: the classifier is replaced by class prototypes. With r_w(x) the model's representation (its
   input to the last layer) and c_k the mean of r_w over the samples of class k in D, the score of
   class k is −‖r_w(x) − c_k‖²; the step uses the gradient of the cross-entropy of these scores on D′
@@ -21,7 +23,7 @@ from typing import Literal
 
 import torch
 
-from fedsweep.algorithms.base import Batch, ClientContext, State, grad, sgd
+from fedsweep.algorithms.base import Batch, ClientContext, State, grad, hessian_vector, sgd
 
 Transform = Literal["identity", "maml", "proto"]
 
@@ -49,7 +51,7 @@ def proto_loss(ctx: ClientContext, w: torch.Tensor, support: Batch, query: Batch
 
 
 def transformed_gradient(
-    ctx: ClientContext, transform: Transform, w: torch.Tensor, lr: float, batch_size: int | None
+    ctx: ClientContext, transform: Transform, w: torch.Tensor, lr: float, batch_size: int | None, maml_order: int = 1
 ) -> tuple[torch.Tensor, float]:
     """The data term of one local step: ∇ of f_i(T(w; D); D′) as each transform defines it; (gradient, loss)."""
     if transform == "identity":
@@ -57,7 +59,10 @@ def transformed_gradient(
     support, query = ctx.batch(batch_size), ctx.batch(batch_size)
     if transform == "maml":
         g_inner, _ = grad(ctx.loss, w, support)
-        return grad(ctx.loss, w - lr * g_inner, query)
+        g, value = grad(ctx.loss, w - lr * g_inner, query)
+        if maml_order == 2 and lr > 0:
+            g = g - lr * hessian_vector(ctx.loss, w, support, g)
+        return g, value
     return grad(lambda v, q: proto_loss(ctx, v, support, q), w, query)
 
 
@@ -83,6 +88,7 @@ class TransformHooks:
     """
 
     transform: Transform = "identity"
+    maml_order = 1
 
     def transform_lr(self) -> float:
         return 0.0
@@ -95,7 +101,7 @@ class TransformHooks:
         self, ctx: ClientContext, w0: torch.Tensor, lr: float, steps: int, batch_size: int | None, correction: Callable | None = None
     ) -> tuple[torch.Tensor, float]:
         """τ steps w ← w − lr (∇f_i(T(w; D); D′) + c(w))."""
-        step = lambda w: transformed_gradient(ctx, self.transform, w, self.transform_lr(), batch_size)
+        step = lambda w: transformed_gradient(ctx, self.transform, w, self.transform_lr(), batch_size, self.maml_order)
         return sgd(ctx, w0, lr, steps, batch_size, correction, gradient=step)
 
     def personalize(self, ctx: ClientContext, payload: State, state: State) -> torch.Tensor:
