@@ -95,6 +95,8 @@ def test_the_cpu_check_of_the_cluster_grid_differs_from_it_only_where_it_says():
     # the Synthetic table tuned fairly: a validation part, and the settings selected on it
     ("pfedme_table1_synthetic_validation", "pfedme_table1_synthetic",
      {("data", "validation_fraction"): 0.2, ("sweep", "select_on"): "validation"}),
+    # the Per-FedAvg MNIST ablation (issue 37), one change a file
+    ("perfedavg_table1_mnist_standardized", "perfedavg_table1_mnist", {("data", "input_scaling"): "standardized"}),
 ])
 def test_a_variant_of_a_protocol_file_differs_from_it_only_where_it_says(variant, protocol, changed):
     first = yaml.safe_load((ROOT / "sweeps" / f"{protocol}.yaml").read_text())
@@ -138,3 +140,13 @@ def test_the_cpu_cut_of_the_pfl_protocol_differs_from_it_only_where_it_says():
     assert same == {k: v for k, v in full.items() if k in same} and set(same) == {"data", "model", "algorithm"}
     assert {k: v for k, v in cut["sweep"].items() if k not in ("name", "seeds", "max_concurrent_trials")} == {
         k: v for k, v in full["sweep"].items() if k not in ("name", "seeds", "max_concurrent_trials")}
+
+
+def test_the_weighted_ablation_of_per_fedavg_mnist_changes_only_the_average():
+    """The protocol averages with the paper's plain mean; its ablation weights by sample counts, and nothing else."""
+    first = yaml.safe_load((ROOT / "sweeps" / "perfedavg_table1_mnist.yaml").read_text())
+    second = yaml.safe_load((ROOT / "sweeps" / "perfedavg_table1_mnist_weighted.yaml").read_text())
+    for doc, aggregation in ((first, "uniform"), (second, "weighted")):
+        assert [entry.pop("aggregation") for entry in doc["algorithm"]["grid"]] == [aggregation] * 2
+        doc.pop("name"), doc["tracking"].pop("experiment"), doc["sweep"].pop("name")
+    assert second == first
