@@ -94,6 +94,19 @@ def test_second_order_maml_is_refused_without_the_maml_transform():
     assert cfg_for({"name": "pflscaf", "transform": "maml", "maml_order": 2}).algorithm.maml_order == 2
 
 
+def test_perfedavg_outer_step_from_the_adapted_point_is_pfedmes_code_before_its_fix():
+    """pFedMe's published Per-FedAvg (FO), before CharlieDinh/pFedMe 71ae947: w ← w̃ − β∇f(w̃; D′), not w − β∇f(w̃; D′)."""
+    (a1, b1), (a2, b2) = spd(5, 1), spd(5, 2)
+    w = torch.randn(5, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    alpha, beta = 0.1, 0.05
+    w_tilde = w - alpha * (a1 @ w - b1)
+    got, _ = meta_step(quadratic, w, ((a1, b1), (a2, b2), None), alpha, beta, "fo", 1e-3, from_adapted=True)
+    assert (got - (w_tilde - beta * (a2 @ w_tilde - b2))).abs().max() < 1e-12
+    with pytest.raises(ConfigError, match=r"algorithm.outer_step_from: 'adapted' is pFedMe's code's first-order step, but variant is 'hf'"):
+        cfg_for({"name": "perfedavg", "variant": "hf", "outer_step_from": "adapted"})
+    assert cfg_for({"name": "perfedavg", "variant": "fo", "outer_step_from": "adapted"}).algorithm.outer_step_from == "adapted"
+
+
 def test_perfedavg_hf_approaches_exact_as_delta_shrinks():
     torch.manual_seed(0)
     model = FlatModel(build_model(MLPConfig(hidden=[8], activation="elu"), 6, 3).double())

@@ -142,11 +142,16 @@ def test_the_cpu_cut_of_the_pfl_protocol_differs_from_it_only_where_it_says():
         k: v for k, v in full["sweep"].items() if k not in ("name", "seeds", "max_concurrent_trials")}
 
 
-def test_the_weighted_ablation_of_per_fedavg_mnist_changes_only_the_average():
-    """The protocol averages with the paper's plain mean; its ablation weights by sample counts, and nothing else."""
-    first = yaml.safe_load((ROOT / "sweeps" / "perfedavg_table1_mnist.yaml").read_text())
-    second = yaml.safe_load((ROOT / "sweeps" / "perfedavg_table1_mnist_weighted.yaml").read_text())
-    for doc, aggregation in ((first, "uniform"), (second, "weighted")):
-        assert [entry.pop("aggregation") for entry in doc["algorithm"]["grid"]] == [aggregation] * 2
+@pytest.mark.parametrize("variant, protocol, key, values", [
+    # the Per-FedAvg MNIST protocol averages with the paper's plain mean; its ablation weights by sample counts
+    ("perfedavg_table1_mnist_weighted", "perfedavg_table1_mnist", "aggregation", ("uniform", "weighted")),
+    # pFedMe's Per-FedAvg rows trained as its code did before 71ae947 (issue 37)
+    ("perfedavg_pfedme_2020_training_synthetic", "perfedavg_adapt_on_test_batch_synthetic", "outer_step_from", (None, "adapted")),
+])
+def test_a_variant_changes_one_field_of_every_algorithm_entry_and_nothing_else(variant, protocol, key, values):
+    first = yaml.safe_load((ROOT / "sweeps" / f"{protocol}.yaml").read_text())
+    second = yaml.safe_load((ROOT / "sweeps" / f"{variant}.yaml").read_text())
+    for doc, value in zip((first, second), values):
+        assert [entry.pop(key, None) for entry in doc["algorithm"]["grid"]] == [value] * len(doc["algorithm"]["grid"])
         doc.pop("name"), doc["tracking"].pop("experiment"), doc["sweep"].pop("name")
     assert second == first

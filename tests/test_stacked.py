@@ -55,6 +55,7 @@ COMMON = {"participation_rate": 0.5, "local_steps": 4, "batch_size": 8, "local_l
 VECTORIZABLE = {
     "fedavg": {"name": "fedavg", "personalization_lr": 0.05},
     "perfedavg_fo": {"name": "perfedavg", "variant": "fo", "personalization_lr": 0.05},
+    "perfedavg_fo_from_adapted": {"name": "perfedavg", "variant": "fo", "personalization_lr": 0.05, "outer_step_from": "adapted"},
     "perfedavg_hf": {"name": "perfedavg", "variant": "hf", "personalization_lr": 0.05},
     "perfedavg_exact": {"name": "perfedavg", "variant": "exact", "personalization_lr": 0.05},
     "pfedme": {"name": "pfedme", "personalization_lr": 0.05, "coupling": 15, "server_mixing": 1.5, "inner_steps": 3},

@@ -8,6 +8,15 @@ Each local step t = 1..τ of a sampled client draws three independent batches D,
     fo:    w ← w − β g
     hf:    w ← w − β (g − α d),  d = [∇f_i(w + δg; D″) − ∇f_i(w − δg; D″)] / (2δ)
 
+``outer_step_from: adapted`` is not Per-FedAvg's step either: it is the FO step of the code published with
+pFedMe until its fix of 2021-03-20 (CharlieDinh/pFedMe, ``UserPerAvg.train``, commit ``71ae947``, "fixed: the
+second update in Per-FedAvg(FO)", which restores the parameters of before the first update): the β step is
+taken from the point the α step reached,
+
+    w ← w̃ − β ∇f_i(w̃; D′),
+
+for checking the pFedMe paper's Per-FedAvg rows (trained with that code) only.
+
 Server: the FedAvg average. Evaluation (``evaluation: train``, the default): ``personalization_steps``
 steps of size α on the client's training data (default one). With α = 0 all three variants are SGD on
 D′, i.e. FedAvg.
@@ -29,11 +38,11 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from fedsweep.algorithms.base import Batch, ClientContext, LossFn, State, grad, hessian_vector, register
 from fedsweep.algorithms.fedavg import FedAvg, PersonalizationMixin
-from fedsweep.schema import aliases
+from fedsweep.schema import FieldError, aliases
 
 Variant = Literal["fo", "hf", "exact"]
 
@@ -54,18 +63,37 @@ class PerFedAvgParams(PersonalizationMixin):
         "β on a training minibatch, as pFedMe's published code scored Per-FedAvg; for checking that code's figures only.",
     )
 
+    outer_step_from: Literal["start", "adapted"] = Field(
+        "start",
+        description="start: the β step from the local step's starting w (the paper's Algorithm 1). adapted: from "
+        "w̃ = w − α∇f(w; D), w ← w̃ − β∇f(w̃; D′), as pFedMe's published Per-FedAvg (FO) code trained until its fix "
+        "(commit 71ae947); fo only, for checking that code's figures.",
+    )
+
+    @model_validator(mode="after")
+    def _outer_step(self):
+        if self.outer_step_from == "adapted" and self.variant != "fo":
+            raise FieldError("outer_step_from", f"'adapted' is pFedMe's code's first-order step, but variant is "
+                                                f"{self.variant!r}; allowed: start, or variant: fo")
+        return self
+
     @property
     def leaks_test_data(self) -> bool:
         return self.evaluation == "adapt_on_test_batch"
 
 
 def meta_step(
-    loss: LossFn, w: torch.Tensor, batches: tuple[Batch, Batch, Batch | None], alpha: float, beta: float, variant: Variant, delta: float
+    loss: LossFn, w: torch.Tensor, batches: tuple[Batch, Batch, Batch | None], alpha: float, beta: float, variant: Variant, delta: float,
+    from_adapted: bool = False,
 ) -> tuple[torch.Tensor, float]:
-    """One Per-FedAvg local step on (D, D′, D″); returns the new w and f(w̃; D′). FO needs no D″."""
+    """One Per-FedAvg local step on (D, D′, D″); returns the new w and f(w̃; D′). FO needs no D″.
+    ``from_adapted``: the β step from w̃ (pFedMe's code before ``71ae947``; FO)."""
     d_inner, d_outer, d_hess = batches
     g_inner, _ = grad(loss, w, d_inner)
-    g, value = grad(loss, w - alpha * g_inner, d_outer)
+    w_tilde = w - alpha * g_inner
+    g, value = grad(loss, w_tilde, d_outer)
+    if from_adapted:
+        return w_tilde - beta * g, value
     if variant == "fo" or alpha == 0:
         correction = torch.zeros_like(g)
     elif variant == "exact":
@@ -89,7 +117,8 @@ class PerFedAvg(FedAvg):
         w, total = payload["params"].clone(), 0.0
         for _ in range(hp.local_steps):
             batches = (ctx.batch(hp.batch_size), ctx.batch(outer), ctx.batch(hess) if hp.variant != "fo" else None)
-            w, value = meta_step(ctx.loss, w, batches, hp.personalization_lr, hp.local_lr, hp.variant, hp.hf_delta)
+            w, value = meta_step(ctx.loss, w, batches, hp.personalization_lr, hp.local_lr, hp.variant, hp.hf_delta,
+                                 hp.outer_step_from == "adapted")
             total += value
         return {"params": w}, state, {"local_train_loss": total / hp.local_steps}
 
