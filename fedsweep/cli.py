@@ -143,7 +143,7 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_table(args) -> int:
-    from fedsweep.table import best_settings, diverged_settings, load_runs, to_markdown
+    from fedsweep.table import best_settings, diverged_settings, load_runs, read_runs, save_runs, to_markdown
 
     if args.last_evaluations < 1:
         print(f"error: --last-evaluations: {args.last_evaluations}; allowed: an integer >= 1", file=sys.stderr)
@@ -154,15 +154,32 @@ def cmd_table(args) -> int:
     if args.target_accuracy is not None and not 0 < args.target_accuracy <= 1:
         print(f"error: --target-accuracy: {args.target_accuracy} is outside (0, 1]; give a fraction, e.g. 0.876", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if (uri := _tracking_uri(args.tracking_uri)) is None:
-        return EXIT_BAD_INPUT
-    try:
-        runs, sweep_tags = load_runs(
-            uri, args.experiment, args.sweep_run, args.target_accuracy, args.last_evaluations, args.max_over_rounds
-        )
-    except LookupError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    if args.from_runs:  # the runs a table was built from, saved with --runs-output: no MLflow store
+        if args.experiment or args.sweep_run or args.target_accuracy is not None or args.last_evaluations > 1 or args.max_over_rounds:
+            print("error: --from-runs: the saved runs are reduced already; give no --experiment, --sweep-run, "
+                  "--target-accuracy, --last-evaluations or --max-over-rounds (save with them instead)", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        try:
+            runs, sweep_tags = read_runs(args.from_runs)
+        except (OSError, ValueError, KeyError) as e:
+            print(f"error: --from-runs: {args.from_runs} cannot be read as saved runs: {e}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+    else:
+        if not args.experiment:
+            print("error: --experiment is required (or --from-runs FILE)", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        if (uri := _tracking_uri(args.tracking_uri)) is None:
+            return EXIT_BAD_INPUT
+        try:
+            runs, sweep_tags = load_runs(
+                uri, args.experiment, args.sweep_run, args.target_accuracy, args.last_evaluations, args.max_over_rounds
+            )
+        except LookupError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        if args.runs_output:
+            save_runs(runs, sweep_tags, args.runs_output)
+            print(f"wrote {len(runs)} run(s) to {args.runs_output} (and the sweep's tags to {args.runs_output}.tags.json)")
     metric = args.metric or sweep_tags.get("fedsweep.metric", "personalized_accuracy_mean")
     mode = args.mode or sweep_tags.get("fedsweep.mode", "max")
     select_on = args.select_on or sweep_tags.get("fedsweep.select_on", "test")
@@ -258,8 +275,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_sweep)
 
     s = sub.add_parser("table", help="best setting per algorithm, mean ± 95%% CI over seeds, read from MLflow")
-    s.add_argument("--experiment", required=True, help="MLflow experiment name")
+    s.add_argument("--experiment", default=None, help="MLflow experiment name (required unless --from-runs)")
     s.add_argument("--sweep-run", default=None, help="only the trials of this sweep parent run id")
+    s.add_argument("--runs-output", default=None, metavar="CSV",
+                   help="also save the runs behind the table (parameters, reduced metrics; the sweep's tags in CSV.tags.json)")
+    s.add_argument("--from-runs", default=None, metavar="CSV",
+                   help="build the table from runs saved with --runs-output instead of an MLflow store (docs/results/)")
     s.add_argument(
         "--metric", default=None,
         help="metric to rank by, at the final round unless --last-evaluations or --max-over-rounds (default: the sweep's)",

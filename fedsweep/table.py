@@ -120,6 +120,43 @@ def load_runs(
     return pd.DataFrame(rows), sweep_tags
 
 
+#: Columns of :func:`load_runs` that hold text (besides the ``param:`` ones); every other is a number.
+TEXT_COLUMNS = ("run_id", "algorithm", "setting", "setting_label", "outcome")
+
+
+def save_runs(runs: pd.DataFrame, sweep_tags: dict, path: str) -> None:
+    """The runs behind a table as a CSV file (one row a run: its parameters, its metrics as :func:`load_runs`
+    reduced them), and the sweep's ``fedsweep.*`` tags beside it (``<path>.tags.json``): what
+    :func:`read_runs` needs to rebuild the table without the MLflow store (``fedsweep table --from-runs``)."""
+    import json
+
+    out = runs.copy()
+    at = list(out.columns).index("trial")
+    index, start = zip(*out.pop("trial")) if len(out) else ((), ())
+    out.insert(at, "trial_start", list(start))
+    out.insert(at, "trial_index", list(index))
+    out.to_csv(path, index=False)
+    tags = {k: v for k, v in sweep_tags.items() if k.startswith(TAG_PREFIX)}
+    with open(f"{path}.tags.json", "w") as f:
+        json.dump(tags, f, indent=1, sort_keys=True)
+
+
+def read_runs(path: str) -> tuple[pd.DataFrame, dict]:
+    """What :func:`save_runs` wrote, as :func:`load_runs` returned it."""
+    import json
+    from pathlib import Path
+
+    runs = pd.read_csv(path, dtype=str, keep_default_na=False)
+    for column in runs.columns:
+        if column not in TEXT_COLUMNS and not column.startswith("param:"):
+            runs[column] = pd.to_numeric(runs[column].replace("", np.nan))
+    runs["seed"] = runs["seed"].astype(int)
+    at = list(runs.columns).index("trial_index")
+    runs.insert(at, "trial", list(zip(runs.pop("trial_index"), runs.pop("trial_start").astype(int))))
+    tags_file = Path(f"{path}.tags.json")
+    return runs, json.loads(tags_file.read_text()) if tags_file.exists() else {}
+
+
 def best_settings(runs: pd.DataFrame, metric: str, mode: str = "max", group_by: list[str] | tuple = (),
                   select_on: str = "test", budget: int | None = None) -> pd.DataFrame:
     """One row per algorithm (and per value of each ``group_by`` parameter): its best setting by the mean

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fedsweep.cli import main
-from fedsweep.table import best_settings, ci95, load_runs, to_markdown
+from fedsweep.table import best_settings, ci95, load_runs, read_runs, to_markdown
 from fedsweep.tracking import TAG_PREFIX, client, ensure_experiment
 
 
@@ -147,3 +147,19 @@ def test_a_metric_a_method_does_not_have_is_a_dash_not_a_miss(store):
     cells = row.split(" | ")
     assert cells[head.index("global_accuracy (%)")] == "—"
     assert cells[head.index("rounds_to_target")] == "not reached"
+
+
+def test_a_table_rebuilds_from_its_saved_runs_without_the_store(store, tmp_path, capsys):
+    """docs/results/: the runs behind a table saved as CSV (--runs-output) give the same table (--from-runs)."""
+    saved = str(tmp_path / "runs.csv")
+    args = ["--target-accuracy", "0.8", "--group-by", "model.name"]
+    assert main(["table", "--experiment", "table-test", "--tracking-uri", store, "--runs-output", saved, *args]) == 0
+    from_store = capsys.readouterr().out.split("\n", 1)[1]  # after the line saying what was saved
+    assert main(["table", "--from-runs", saved, "--group-by", "model.name"]) == 0
+    assert capsys.readouterr().out == from_store
+    runs, _ = load_runs(store, "table-test", target_accuracy=0.8)
+    read, _ = read_runs(saved)
+    assert list(read.columns) == list(runs.columns) and len(read) == len(runs) == 12
+    assert main(["table", "--from-runs", saved, "--experiment", "table-test"]) == 2
+    assert main(["table", "--from-runs", str(tmp_path / "none.csv")]) == 2
+    assert "cannot be read as saved runs" in capsys.readouterr().err
