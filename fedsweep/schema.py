@@ -31,3 +31,6 @@ class FieldError(ValueError):
     def __init__(self, field: str, message: str):
         super().__init__(f"{field}: {message}")
         self.field, self.message = field, message
+
+    def __reduce__(self):  # pickled across processes (a Ray actor's error) with both its parts
+        return FieldError, (self.field, self.message)

@@ -402,3 +402,13 @@ def test_sweep_wide_fields_cannot_be_gridded(tmp_path, section, field):
     body = config_dict(**{section: {field: {"grid": ["a", "b"]}}})
     with pytest.raises(ConfigError, match=rf"{section}.{field}: one value serves the whole sweep and cannot be a grid"):
         load_sweep(sweep_file(tmp_path, body), check_cluster=False)
+
+
+def test_a_field_error_crosses_processes_whole():
+    """A rule across fields raised where Ray pickles it (an actor building a model) keeps its field and message."""
+    import pickle
+
+    from fedsweep.schema import FieldError
+
+    error = pickle.loads(pickle.dumps(FieldError("model.kernel_size", "5 is too large")))
+    assert (error.field, error.message, str(error)) == ("model.kernel_size", "5 is too large", "model.kernel_size: 5 is too large")
