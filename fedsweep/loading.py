@@ -130,6 +130,14 @@ def _tags(model: type[BaseModel]) -> tuple:
     return ()
 
 
+def _member(members: list[type[BaseModel]], node: Any) -> type[BaseModel] | None:
+    """Which of a field's models validates ``node``: the union member its tag (``name`` or ``dataset``) selects,
+    else the field's only model; None when neither says."""
+    tag = node.get("name", node.get("dataset")) if isinstance(node, dict) else None
+    chosen = [m for m in members if tag is not None and tag in _tags(m)]
+    return chosen[0] if chosen else (members[0] if len(members) == 1 else None)
+
+
 def _model_at(loc: tuple, raw: dict, root: type[BaseModel]) -> type[BaseModel] | None:
     """The pydantic model that validates the mapping at ``loc`` (to list its allowed keys)."""
     model: type[BaseModel] | None = root
@@ -139,10 +147,7 @@ def _model_at(loc: tuple, raw: dict, root: type[BaseModel]) -> type[BaseModel] |
         if field is None:
             return None
         node = node.get(part) if isinstance(node, dict) else None
-        candidates = _submodels(field.annotation)
-        tag = (node.get("name", node.get("dataset")) if isinstance(node, dict) else None)
-        chosen = [m for m in candidates if tag is not None and tag in _tags(m)]
-        model = chosen[0] if chosen else (candidates[0] if len(candidates) == 1 else None)
+        model = _member(_submodels(field.annotation), node)
     return model
 
 
@@ -235,10 +240,7 @@ def _unknown_keys(node: Any, model: type[BaseModel] | None, file: str, lines: di
             continue
         members = _submodels(model.model_fields[name].annotation)
         for choice in (value["grid"] if _is_grid(value) and isinstance(value["grid"], list) else [value]):
-            if isinstance(choice, dict) and members:
-                tag = choice.get("name", choice.get("dataset"))
-                chosen = [m for m in members if tag in _tags(m)] or (members if len(members) == 1 else [None])
-                out += _unknown_keys(choice, chosen[0], file, lines, path + (key,))
+            out += _unknown_keys(choice, _member(members, choice), file, lines, path + (key,))
     return list(dict.fromkeys(out))
 
 
@@ -307,23 +309,24 @@ def load_sweep(path: str | Path, check_cluster: bool = True, one_experiment: boo
         _check_distributions(expanded, settings, problems, lambda at: _where(file, lines, at))
     if problems:
         raise ConfigError(problems)
+    assert settings is not None  # else its problem was raised above
 
     def laid_out(value: Any) -> Any:
         return auto_layout(value, trial_cpus(value.get("resources"), settings.max_concurrent_trials)) if isinstance(value, dict) else value
 
     search_points = None
-    if settings is not None and settings.search == "optuna":
+    if settings.search == "optuna":
         # the settings are drawn while the sweep runs; each point's stand-in trial: every distribution at its low end
         search_points = [(laid_out(value), _without_drawn(value, overrides)) for value, overrides in expanded]
         _check_edges(search_points, settings, file, lines)
         expanded = [(search.corners(value)[0], fixed) for value, fixed in search_points]
-    elif settings is not None and settings.search == "random":
+    elif settings.search == "random":
         # a space that reaches outside a field's range is refused whatever the draws: checked before drawing
         _check_edges([(value, _without_drawn(value, overrides)) for value, overrides in expanded], settings, file, lines, laid_out)
         expanded = [(laid_out(value), overrides) for value, overrides in _draw(expanded, settings)]
-    elif settings is not None:
+    else:
         expanded = [(laid_out(value), overrides) for value, overrides in expanded]
-    seeds = settings.seeds if settings and settings.seeds else [None]
+    seeds = settings.seeds or [None]
     trials: list[Trial] = []
     failing: dict[str, list[str]] = {}  # problem -> labels of the grid points that have it
     points = list(itertools.product(expanded, seeds))
@@ -339,14 +342,14 @@ def load_sweep(path: str | Path, check_cluster: bool = True, one_experiment: boo
     for p, labels in failing.items():
         # A problem common to every grid point is the file's; otherwise name the points that have it.
         problems.append(p if len(labels) == len(points) else f"{p} [in trial {'; '.join(labels[:3])}{' ...' if len(labels) > 3 else ''}]")
-    if settings is not None and settings.select_on == "validation":
+    if settings.select_on == "validation":
         without = [t.label() for t in trials if t.config.data.validation_fraction == 0]
         if without:
             problems.append(
                 f"{_where(file, lines, ('sweep', 'select_on'))}: sweep.select_on: 'validation' needs a validation part in "
                 f"every trial, but data.validation_fraction is 0 in {len(without)} of {len(trials)} (e.g. {without[0]}); "
                 "allowed: data.validation_fraction > 0 (e.g. 0.2), or select_on: test")
-    if settings is not None and settings.scheduler is not None and trials:
+    if settings.scheduler is not None and trials:
         grace = settings.scheduler.asha.grace_rounds
         short = [t for t in trials if t.config.rounds <= grace]
         if short:
@@ -354,7 +357,7 @@ def load_sweep(path: str | Path, check_cluster: bool = True, one_experiment: boo
                 f"{_where(file, lines, ('sweep', 'scheduler', 'asha', 'grace_rounds'))}: sweep.scheduler.asha.grace_rounds: "
                 f"{grace}, but {len(short)} trial(s) run {short[0].config.rounds} round(s) or fewer, so the scheduler could "
                 f"stop nothing there; allowed: grace_rounds < rounds ({min(t.config.rounds for t in trials)}), or no scheduler")
-    if settings is not None and trials:
+    if trials:
         known = {k for t in trials for k in t.config.flat_params()}
         for name in settings.table_group_by:
             if name not in known:
@@ -362,7 +365,6 @@ def load_sweep(path: str | Path, check_cluster: bool = True, one_experiment: boo
                 problems.append(f"{file}: sweep.table_group_by: {name!r} is not a parameter of the trials; e.g. {', '.join(close)}")
     if problems:
         raise ConfigError(problems)
-    assert settings is not None
     if check_cluster:
         check_before_start([t.config for t in trials], file, settings.storage_path, keep=one_experiment)
     if one_experiment:  # the file is a valid sweep: `run` takes it if it is one experiment, with the file's own seed
@@ -424,9 +426,7 @@ def _unknown_forms(node: Any, model: type[BaseModel] | None, path: tuple = ()) -
         if not members:
             out.append((path + (key,), [str(k) for k in value]))
             continue
-        tag = value.get("name", value.get("dataset"))
-        chosen = [m for m in members if tag in _tags(m)] or (members if len(members) == 1 else [])
-        out += _unknown_forms(value, chosen[0] if chosen else None, path + (key,))
+        out += _unknown_forms(value, _member(members, value), path + (key,))
     return out
 
 

@@ -138,7 +138,6 @@ class RunLogger:
         from mlflow.entities import Param
 
         self.cfg = cfg
-        self.uri = uri
         self.client = client(uri)
         self.logged_through = -1  # the last round whose metrics this run holds (written, or held until the next flush)
         self.pending: list[list] = []  # the rounds since the last flush, each a list of metrics

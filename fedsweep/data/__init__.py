@@ -3,6 +3,7 @@ Fashion-MNIST and CIFAR-10/100 from local files, and the named splits of the pap
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -20,8 +21,9 @@ from fedsweep.schema import FieldError, StrictModel, aliases
 #: Clients one experiment may have (every client is a shard, a state and a share of an actor; above this
 #: the plan itself - splits, bundles - would exhaust the driver's memory before any check could speak).
 MAX_CLIENTS = 100_000
-#: Samples in each dataset's pool (train + test), known before its files are read.
-POOL_SIZES = {"digits": 1797, "mnist": 70_000, "fashion_mnist": 70_000, "cifar10": 60_000, "cifar100": 60_000}
+#: Samples in each dataset's pool (train + test), known before its files are read: an image dataset's are its
+#: official files' counts, which the files are checked against (:data:`vision.FORMATS`).
+POOL_SIZES = {"digits": 1797, **{name: sum(counts.values()) for name, (_, _, counts) in vision.FORMATS.items()}}
 #: What to change when a split leaves a client with fewer than 2 samples, by partition.
 _SMALLER_SPLIT_FIX = {
     "iid": "fewer clients (num_clients)",
@@ -240,23 +242,22 @@ class ImageConfig(StrictModel):
 DataConfig = Annotated[SyntheticConfig | DigitsConfig | ImageConfig, Field(discriminator="dataset")]
 
 
-IMAGE_FEATURES = {"mnist": 28 * 28, "fashion_mnist": 28 * 28, "cifar10": 3 * 32 * 32, "cifar100": 3 * 32 * 32}
-
-
 def input_features(cfg: SyntheticConfig | DigitsConfig | ImageConfig) -> int:
     """Input size of a dataset, known from its config alone (images are flattened)."""
     if isinstance(cfg, SyntheticConfig):
         return cfg.num_features
     if isinstance(cfg, DigitsConfig):
         return DIGITS_FEATURES
-    return IMAGE_FEATURES[cfg.dataset]
+    return math.prod(vision.FORMATS[cfg.dataset][0])
 
 
 def num_classes(cfg: SyntheticConfig | DigitsConfig | ImageConfig) -> int:
     """Number of classes of a dataset, known from its config alone."""
     if isinstance(cfg, SyntheticConfig):
         return cfg.num_classes
-    return 100 if getattr(cfg, "dataset", "") == "cifar100" else 10
+    if isinstance(cfg, DigitsConfig):
+        return DIGITS_CLASSES
+    return vision.FORMATS[cfg.dataset][1]
 
 
 @dataclass

@@ -151,8 +151,8 @@ def cache_dir() -> Path:
 #: What each format holds, checked file by file before anything is trained on (:func:`_checked`): the shape
 #: of one image (IDX: rows × columns; CIFAR: 3 × 32 × 32 channel-major bytes), the number of classes, and the
 #: samples of each official file (MNIST and Fashion-MNIST: 60,000 train, 10,000 test; CIFAR-10: 10,000 a
-#: batch; CIFAR-100: 50,000 and 10,000). ``POOL_SIZES`` of :mod:`fedsweep.data`, which validation uses to say
-#: whether a split is feasible, is the sum of these counts.
+#: batch; CIFAR-100: 50,000 and 10,000). :mod:`fedsweep.data` derives from it what validation knows before the
+#: files are read: the input size, the classes and ``POOL_SIZES`` (the sum of the counts).
 FORMATS = {
     "mnist": ((28, 28), 10, {"train-images-idx3-ubyte": 60_000, "t10k-images-idx3-ubyte": 10_000}),
     "fashion_mnist": ((28, 28), 10, {"train-images-idx3-ubyte": 60_000, "t10k-images-idx3-ubyte": 10_000}),
