@@ -60,6 +60,7 @@ def postgres_cluster() -> Iterator[str]:
         os.killpg(proc.pid, signal.SIGINT)  # PostgreSQL's fast shutdown: the data is thrown away
         proc.wait(timeout=60)
         shutil.rmtree(folder, ignore_errors=True)
+        log_file.unlink(missing_ok=True)  # beside the folder, so that a failed start can still be read
 
 
 class MlflowServer:
