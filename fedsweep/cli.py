@@ -142,8 +142,52 @@ def cmd_sweep(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    """Each benchmark file's methods tuned and re-run (fedsweep.bench), then its tables; with several files, also
+    the methods × datasets table and heatmap in the output folder."""
+    from pathlib import Path
+
+    from fedsweep.bench import load_bench
+    from fedsweep.bench_run import heatmap_figure, run_bench
+    from fedsweep.table import merged_markdown, merged_table
+
+    only = [m for m in (args.methods or "").split(",") if m] or None
+    benches = [load_bench(f, only=only) for f in args.files]  # every file checked before any of them runs
+    failed, tables = 0, []
+    for bench in benches:
+        print(f"{bench.path}: {len(bench.tunes)} method(s), each {bench.budgets[0]} setting(s) on seeds "
+              f"{bench.sweep_section['seeds']}, the chosen one(s) on seeds {bench.settings.final_seeds}", flush=True)
+        folder, n = run_bench(bench, args.output, resume=args.resume, verbose=0 if args.quiet else 1)
+        failed += n
+        table_file = folder / f"table_b{bench.budgets[0]}.md"
+        if table_file.exists():
+            print("\n" + table_file.read_text())
+        tables.append((bench, folder))
+    if len(benches) > 1:
+        from fedsweep.table import best_settings, read_runs
+
+        metric = benches[0].sweep_section.get("metric", "personalized_accuracy_mean")
+        sources = []
+        for bench, folder in tables:
+            saved = folder / f"final_runs_b{bench.budgets[0]}.csv"
+            if saved.exists():
+                runs, tags = read_runs(str(saved))
+                sources.append((bench.name, best_settings(runs, metric, tags.get("fedsweep.mode", "max"), (), "validation")))
+        merged = merged_table(sources, metric)
+        out = Path(args.output)
+        (out / "summary.md").write_text(merged_markdown(merged) + "\n")
+        merged.to_csv(out / "summary.csv", index=False)
+        if not merged.empty:
+            (out / "heatmap.png").write_bytes(heatmap_figure(merged, metric))
+        print("\n" + merged_markdown(merged))
+    if failed:
+        print(f"{failed} method phase(s) did not finish; run again with --resume", file=sys.stderr)
+        return EXIT_FAILED
+    return 0
+
+
 def cmd_table(args) -> int:
-    from fedsweep.table import best_settings, diverged_settings, load_runs, read_runs, save_runs, to_markdown
+    from fedsweep.table import best_settings, diverged_settings, merged_markdown, merged_table, to_markdown
 
     if args.last_evaluations < 1:
         print(f"error: --last-evaluations: {args.last_evaluations}; allowed: an integer >= 1", file=sys.stderr)
@@ -154,47 +198,35 @@ def cmd_table(args) -> int:
     if args.target_accuracy is not None and not 0 < args.target_accuracy <= 1:
         print(f"error: --target-accuracy: {args.target_accuracy} is outside (0, 1]; give a fraction, e.g. 0.876", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if args.from_runs:  # the runs a table was built from, saved with --runs-output: no MLflow store
-        if args.experiment or args.sweep_run or args.target_accuracy is not None or args.last_evaluations > 1 or args.max_over_rounds:
-            print("error: --from-runs: the saved runs are reduced already; give no --experiment, --sweep-run, "
-                  "--target-accuracy, --last-evaluations or --max-over-rounds (save with them instead)", file=sys.stderr)
-            return EXIT_BAD_INPUT
-        try:
-            runs, sweep_tags = read_runs(args.from_runs)
-        except (OSError, ValueError, KeyError) as e:
-            print(f"error: --from-runs: {args.from_runs} cannot be read as saved runs: {e}", file=sys.stderr)
-            return EXIT_BAD_INPUT
-    else:
-        if not args.experiment:
-            print("error: --experiment is required (or --from-runs FILE)", file=sys.stderr)
-            return EXIT_BAD_INPUT
-        if (uri := _tracking_uri(args.tracking_uri)) is None:
-            return EXIT_BAD_INPUT
-        try:
-            runs, sweep_tags = load_runs(
-                uri, args.experiment, args.sweep_run, args.target_accuracy, args.last_evaluations, args.max_over_rounds
-            )
-        except LookupError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return EXIT_BAD_INPUT
-        if args.runs_output:
-            save_runs(runs, sweep_tags, args.runs_output)
-            print(f"wrote {len(runs)} run(s) to {args.runs_output} (and the sweep's tags to {args.runs_output}.tags.json)")
-    metric = args.metric or sweep_tags.get("fedsweep.metric", "personalized_accuracy_mean")
-    mode = args.mode or sweep_tags.get("fedsweep.mode", "max")
-    select_on = args.select_on or sweep_tags.get("fedsweep.select_on", "test")
     if args.budget is not None and args.budget < 1:
         print(f"error: --budget: {args.budget}; allowed: an integer >= 1 (settings per algorithm)", file=sys.stderr)
         return EXIT_BAD_INPUT
-    try:
-        table = best_settings(runs, metric, mode, args.group_by, select_on, args.budget)
-    except KeyError as e:
-        print(f"error: --metric/--group-by: {e.args[0]}", file=sys.stderr)
+    if len(args.from_runs) + len(args.experiment) > 1 and (args.runs_output or args.sweep_run):
+        print("error: --runs-output and --sweep-run take one source; several --experiment/--from-runs make a merged "
+              "methods × datasets table", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if args.format == "markdown":
+    sources = _table_sources(args)
+    if sources is None:
+        return EXIT_BAD_INPUT
+    tables = []
+    for label, runs, sweep_tags in sources:
+        metric = args.metric or sweep_tags.get("fedsweep.metric", "personalized_accuracy_mean")
+        mode = args.mode or sweep_tags.get("fedsweep.mode", "max")
+        select_on = args.select_on or sweep_tags.get("fedsweep.select_on", "test")
+        try:
+            tables.append((label, best_settings(runs, metric, mode, args.group_by, select_on, args.budget)))
+        except KeyError as e:
+            print(f"error: --metric/--group-by: {e.args[0]}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+    if len(tables) > 1:
+        table = merged_table(tables, metric)
+        text = merged_markdown(table)
+    else:
+        table = tables[0][1]
         text = to_markdown(table)
-        if diverged := diverged_settings(runs):
+        if diverged := diverged_settings(sources[0][1]):
             text += "\n\n" + diverged
+    if args.format == "markdown":
         if args.output:
             with open(args.output, "w") as f:
                 f.write(text + "\n")
@@ -209,6 +241,44 @@ def cmd_table(args) -> int:
         table.to_parquet(args.output, index=False)
     print(f"wrote {len(table)} row(s) to {args.output}")
     return 0
+
+
+def _table_sources(args) -> list[tuple[str, object, dict]] | None:
+    """(column label, runs, sweep tags) of each --from-runs file and each --experiment; None after an error."""
+    from pathlib import Path
+
+    from fedsweep.table import load_runs, read_runs, save_runs
+
+    sources = []
+    if args.from_runs and (args.sweep_run or args.target_accuracy is not None or args.last_evaluations > 1 or args.max_over_rounds):
+        print("error: --from-runs: the saved runs are reduced already; give no --sweep-run, --target-accuracy, "
+              "--last-evaluations or --max-over-rounds (save with them instead)", file=sys.stderr)
+        return None
+    for path in args.from_runs:  # the runs a table was built from, saved with --runs-output: no MLflow store
+        try:
+            runs, sweep_tags = read_runs(path)
+        except (OSError, ValueError, KeyError) as e:
+            print(f"error: --from-runs: {path} cannot be read as saved runs: {e}", file=sys.stderr)
+            return None
+        sources.append((sweep_tags.get("fedsweep.bench", Path(path).stem), runs, sweep_tags))
+    if not args.experiment and not sources:
+        print("error: --experiment is required (or --from-runs FILE)", file=sys.stderr)
+        return None
+    if args.experiment and (uri := _tracking_uri(args.tracking_uri)) is None:
+        return None
+    for experiment in args.experiment:
+        try:
+            runs, sweep_tags = load_runs(
+                uri, experiment, args.sweep_run, args.target_accuracy, args.last_evaluations, args.max_over_rounds
+            )
+        except LookupError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return None
+        if args.runs_output:
+            save_runs(runs, sweep_tags, args.runs_output)
+            print(f"wrote {len(runs)} run(s) to {args.runs_output} (and the sweep's tags to {args.runs_output}.tags.json)")
+        sources.append((experiment, runs, sweep_tags))
+    return sources
 
 
 def cmd_report(args) -> int:
@@ -274,13 +344,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue this sweep's newest interrupted run: finished trials are kept, the others rerun")
     s.set_defaults(func=cmd_sweep)
 
+    s = sub.add_parser("bench", help="the PFL benchmark: every method tuned with the same budget on validation, "
+                       "its chosen setting re-run on fresh seeds, the tables (docs/benchmark.md)")
+    s.add_argument("files", nargs="+", metavar="file", help="benchmark files (sweeps/benchmark/*.yaml)")
+    s.add_argument("--output", default="benchmark_results", help="folder of the tables and figures (default: %(default)s)")
+    s.add_argument("--methods", default=None, metavar="KEY,KEY", help="only these methods of the methods file")
+    s.add_argument("--resume", action="store_true",
+                   help="go on with an interrupted benchmark: finished sweeps are kept, an interrupted one resumes")
+    s.add_argument("--quiet", action="store_true", help="no Tune status output")
+    s.set_defaults(func=cmd_bench)
+
     s = sub.add_parser("table", help="best setting per algorithm, mean ± 95%% CI over seeds, read from MLflow")
-    s.add_argument("--experiment", default=None, help="MLflow experiment name (required unless --from-runs)")
+    s.add_argument("--experiment", action="append", default=[],
+                   help="MLflow experiment name (required unless --from-runs); several: a methods × experiments table")
     s.add_argument("--sweep-run", default=None, help="only the trials of this sweep parent run id")
     s.add_argument("--runs-output", default=None, metavar="CSV",
                    help="also save the runs behind the table (parameters, reduced metrics; the sweep's tags in CSV.tags.json)")
-    s.add_argument("--from-runs", default=None, metavar="CSV",
-                   help="build the table from runs saved with --runs-output instead of an MLflow store (docs/results/)")
+    s.add_argument("--from-runs", action="append", default=[], metavar="CSV",
+                   help="build the table from runs saved with --runs-output instead of an MLflow store (docs/results/); "
+                   "several (or with --experiment): one methods × datasets table, a column pair per source")
     s.add_argument(
         "--metric", default=None,
         help="metric to rank by, at the final round unless --last-evaluations or --max-over-rounds (default: the sweep's)",

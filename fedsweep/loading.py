@@ -271,7 +271,14 @@ def load_sweep(path: str | Path, check_cluster: bool = True, one_experiment: boo
     (`fedsweep run`, :func:`load_experiment`): after the same checks, one trial of the file's own seed, laid out
     to run alone, the cluster and data checks made on it."""
     raw, source, lines = read_yaml(path)
-    file = str(path)
+    return sweep_from(raw, source, lines, str(path), check_cluster, one_experiment)
+
+
+def sweep_from(raw: dict, source: str, lines: dict[tuple, int], file: str, check_cluster: bool = True,
+               one_experiment: bool = False) -> Sweep:
+    """:func:`load_sweep` of a sweep file's mapping already read (``source`` its text, ``lines`` the line of
+    each key path, ``file`` the name its messages give): what `fedsweep bench` composes from a benchmark file
+    and a method's search space."""
     problems: list[str] = []
     section = raw.get("sweep", {})
     settings = None

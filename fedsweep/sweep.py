@@ -281,12 +281,13 @@ def find_resumable(sweep: Sweep, storage: Storage) -> tuple[str, dict]:
     ])
 
 
-def run_sweep(sweep: Sweep, verbose: int = 1, resume: bool = False) -> dict[str, Any]:
+def run_sweep(sweep: Sweep, verbose: int = 1, resume: bool = False, tags: dict[str, str] | None = None) -> dict[str, Any]:
     """Run every trial of ``sweep``; returns the parent run id, the Tune results and the error count.
 
     ``resume``: continue the newest interrupted run of this sweep (Tune's restore). Finished trials
     are not rerun; unfinished and errored ones start again from round 0 (same seeds, same numbers),
     their earlier, unfinished MLflow runs deleted; the parent MLflow run is the original one.
+    ``tags``: more tags of the parent run (`fedsweep bench` nests a method's sweeps under its own run).
     """
     from ray.tune import PlacementGroupFactory
     from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
@@ -327,6 +328,7 @@ def run_sweep(sweep: Sweep, verbose: int = 1, resume: bool = False) -> dict[str,
                 f"{TAG_PREFIX}yaml_sha1": sweep.source_hash(),
                 f"{TAG_PREFIX}source_file": sweep.path,
                 "mlflow.source.git.commit": _git_sha(),
+                **(tags or {}),
             },
         ).info.run_id
     tracking = {"uri": uri, "experiment_id": experiment_id, "parent_run_id": parent}

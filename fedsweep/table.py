@@ -158,7 +158,7 @@ def read_runs(path: str) -> tuple[pd.DataFrame, dict]:
 
 
 def best_settings(runs: pd.DataFrame, metric: str, mode: str = "max", group_by: list[str] | tuple = (),
-                  select_on: str = "test", budget: int | None = None) -> pd.DataFrame:
+                  select_on: str = "test", budget: int | None = None, reported: tuple = REPORTED) -> pd.DataFrame:
     """One row per algorithm (and per value of each ``group_by`` parameter): its best setting by the mean
     of ``metric`` over seeds, with mean ± 95% CI; with ``select_on="validation"`` the best by the mean of
     ``val_<metric>``, reported with ``metric`` and the other test metrics beside (``table.attrs`` says how).
@@ -166,7 +166,7 @@ def best_settings(runs: pd.DataFrame, metric: str, mode: str = "max", group_by: 
     Only settings all of whose seeds ran to the end are eligible: one that diverged or that a scheduler
     stopped early is counted, never chosen. With ``budget`` N, each row chooses among the first N settings
     its algorithm's search tried (in trial order), so that an algorithm with more hyperparameters does not
-    win by having more tries."""
+    win by having more tries. ``reported``: the metrics given beside the ranked one."""
     if runs.empty:
         return pd.DataFrame()
     ranked = VAL + metric if select_on == "validation" else metric
@@ -200,7 +200,7 @@ def best_settings(runs: pd.DataFrame, metric: str, mode: str = "max", group_by: 
             "seeds": len(chosen),
             **({"stopped early": stopped} if (runs["outcome"] == STOPPED_EARLY).any() else {}),
         }
-        for key in dict.fromkeys((ranked, metric, *REPORTED)):
+        for key in dict.fromkeys((ranked, metric, *reported)):
             if key in chosen.columns:
                 values = chosen[key].to_numpy(dtype=float)
                 row[f"{key} mean"] = float(values.mean())
@@ -216,7 +216,7 @@ def best_settings(runs: pd.DataFrame, metric: str, mode: str = "max", group_by: 
         row["setting key"] = best  # fedsweep.setting of its runs: what the report and the analyst filter on
         rows.append(row)
     table = pd.DataFrame(rows)
-    table.attrs.update(select_on=select_on, ranked_by=ranked, metric=metric, budget=budget)
+    table.attrs.update(select_on=select_on, ranked_by=ranked, metric=metric, budget=budget, mode=mode)
     return table
 
 
@@ -289,3 +289,41 @@ def to_markdown(table: pd.DataFrame) -> str:
         cells += [str(r["seeds reaching target"])] if target else []
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(([header, ""] if header else []) + lines)
+
+
+def merged_table(sources: list[tuple[str, pd.DataFrame]], metric: str) -> pd.DataFrame:
+    """Methods × datasets: one row per algorithm of any of the ``sources`` (a label, e.g. the dataset, and its
+    :func:`best_settings` table), one ``<label> mean`` and ``<label> ci95`` column pair per source, then each
+    method's mean rank over the sources it ran in (1 = best there); rows by that rank."""
+    columns: dict[str, pd.Series] = {}
+    ranks = []
+    for label, table in sources:
+        if table.empty:
+            continue
+        by_method = table.set_index("algorithm")
+        columns[f"{label} mean"] = by_method[f"{metric} mean"]
+        columns[f"{label} ci95"] = by_method[f"{metric} ci95"]
+        ranks.append(by_method[f"{metric} mean"].rank(ascending=table.attrs.get("mode", "max") != "max"))
+    if not columns:
+        return pd.DataFrame()
+    merged = pd.DataFrame(columns)
+    merged["mean rank"] = pd.concat(ranks, axis=1).mean(axis=1)
+    merged = merged.sort_values("mean rank", kind="stable").rename_axis("algorithm").reset_index()
+    merged.attrs.update(metric=metric, sources=[label for label, _ in sources])
+    return merged
+
+
+def merged_markdown(merged: pd.DataFrame) -> str:
+    """The merged table in markdown: accuracies in percent, mean ± 95% CI; "—" where a method did not run."""
+    if merged.empty:
+        return "(no finished runs)"
+    labels = [c[: -len(" mean")] for c in merged.columns if c.endswith(" mean")]
+    percent = "accuracy" in merged.attrs.get("metric", "accuracy")
+    head = ["algorithm", *labels, "mean rank"]
+    title = (f"{merged.attrs.get('metric', '')}{' (%)' if percent else ''}: mean ± 95% CI over seeds, each dataset's own "
+             "best setting per method")
+    lines = [title, "", "| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for _, r in merged.iterrows():
+        cells = [str(r["algorithm"]), *(_pm(r[f"{x} mean"], r[f"{x} ci95"], percent) for x in labels), f"{r['mean rank']:.1f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -1,0 +1,276 @@
+"""The fedsweep PFL benchmark (issue 34, ``docs/benchmark.md``): every method tuned with the same budget on
+validation, its chosen setting then run again on fresh seeds.
+
+A benchmark file is a sweep file without ``algorithm:`` and with a ``bench:`` section::
+
+    bench:
+      methods: methods.yaml       # the per-method search spaces, one file shared by every benchmark file
+      common: {r: 0.25, tau: 10}  # algorithm fields every method gets, never tuned
+      final_seeds: [1, 2, 3]      # fresh seeds the chosen settings run on (none of sweep.seeds)
+      budgets: [4]                # smaller budgets: each method's best of its first N settings, also re-run
+
+Two sweeps run it, both nested in MLflow under the benchmark's run:
+
+1. ``<name>-tune``: every method's ``sweep.num_samples`` settings, drawn at random from its space, on
+   ``sweep.seeds``; each method's settings ranked on the clients' validation parts (``select_on: validation``;
+   the test metrics choose nothing);
+2. ``<name>-final``: each method's setting chosen with the whole budget (and with each smaller one) on
+   ``final_seeds``.
+
+A method's space has no grid (each method gets exactly ``num_samples`` settings) and at least one
+distribution. Its draws come from its space and ``sweep.search_seed`` alone (a random search of that one
+method), not from its place in the file: adding a method changes no other method's settings, and only the
+methods without results run (``--methods`` picks some). The drawn settings are then one grid sweep, so the
+trials of every method share the cluster without one Tune run per method. The search is random, not Optuna's:
+its settings do not depend on the order concurrent trials finish in, so a cell run again from a clean clone
+draws the same settings and gives the same numbers. No scheduler stops trials early: ASHA ranks the trials of
+one sweep against each other, so one method's trials would be stopped for another's accuracy.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from pydantic import Field, ValidationError
+
+from fedsweep.checks import check_before_start
+from fedsweep.config import ConfigError, Seed, Sweep
+from fedsweep.loading import _format_errors, _short, _where, flatten_grids, read_yaml, sweep_from
+from fedsweep.schema import StrictModel
+from fedsweep.search import distributions
+
+STATE = "bench_state.json"
+#: The metrics of a benchmark table: the ranked one first, then fairness (worst client, 10th percentile).
+BENCH_METRICS = ("personalized_accuracy_mean", "personalized_accuracy_p10", "personalized_accuracy_worst", "global_accuracy")
+
+
+class BenchSettings(StrictModel):
+    methods: str = Field(..., description="The methods file (relative to the benchmark file): `methods: {key: search space}`.")
+    common: dict[str, Any] = Field(default_factory=dict, description="Algorithm fields every method gets (r, τ, batch size): never tuned.")
+    final_seeds: list[Seed] = Field(..., min_length=2, description="Fresh seeds each chosen setting runs on; none of sweep.seeds.")
+    budgets: list[int] = Field(default_factory=list, description="Smaller budgets (< sweep.num_samples), each its own table.")
+
+
+@dataclass
+class Bench:
+    """A benchmark file, read and validated: one tuning sweep per method, and what its final sweep needs."""
+
+    path: str
+    name: str
+    settings: BenchSettings
+    body: dict[str, Any]  # the file without bench:, sweep: and algorithm: — every method's data, model, rounds
+    sweep_section: dict[str, Any]
+    methods: dict[str, dict[str, Any]]  # key -> the method's algorithm section (common fields in it)
+    tunes: dict[str, Sweep]
+
+    @property
+    def budgets(self) -> list[int]:
+        """The full budget first, then the smaller ones."""
+        return [self.tunes[next(iter(self.tunes))].settings.num_samples, *self.settings.budgets]
+
+    def owner(self) -> dict[str, str]:
+        """Setting key (``fedsweep.setting``) -> the method that drew it."""
+        return {t.config.setting_key(): key for key, sweep in self.tunes.items() for t in sweep.trials}
+
+    def drawn(self, key: str) -> list[dict[str, Any]]:
+        """Method ``key``'s settings in the order drawn: their algorithm sections, exactly."""
+        sections = {t.config.setting_key(): t.config.algorithm.model_dump(mode="json") for t in self.tunes[key].trials}
+        return list(sections.values())
+
+    def section(self, key: str, setting: str) -> dict[str, Any]:
+        """The algorithm section of method ``key``'s drawn setting ``setting``."""
+        return next(t.config.algorithm.model_dump(mode="json") for t in self.tunes[key].trials if t.config.setting_key() == setting)
+
+    def phase(self, phase: str, sections: list[dict[str, Any]], seeds: list[int]) -> Sweep:
+        """The grid sweep of a phase: these algorithm sections, each on every seed."""
+        section = {k: v for k, v in self.sweep_section.items() if k not in ("search", "num_samples", "search_seed")}
+        section.update(name=f"{self.name}-{phase}", seeds=seeds)
+        raw = {**self.body, "algorithm": {"grid": sections} if len(sections) > 1 else sections[0], "sweep": section}
+        return _sweep(raw, f"{self.path} [{phase} sweep]")
+
+    def tune_sweep(self, keys: list[str]) -> Sweep:
+        return self.phase("tune", [s for key in keys for s in self.drawn(key)], self.sweep_section["seeds"])
+
+    def final_sweep(self, sections: list[dict[str, Any]]) -> Sweep:
+        return self.phase("final", sections, self.settings.final_seeds)
+
+
+def _sweep(raw: dict[str, Any], label: str) -> Sweep:
+    import yaml
+
+    # the composed file's text is what its resume is matched on (sweep.yaml_sha1): the same inputs, the same text
+    return sweep_from(raw, yaml.safe_dump(raw, sort_keys=False), {}, label, check_cluster=False)
+
+
+def load_bench(path: str | Path, check_cluster: bool = True, only: list[str] | None = None) -> Bench:
+    """Read and check a benchmark file and its methods file; every problem named, before any cluster work."""
+    raw, _, lines = read_yaml(path)
+    file = str(path)
+    problems: list[str] = []
+    section = raw.get("bench")
+    settings = None
+    if not isinstance(section, dict):
+        problems.append(f"{_where(file, lines, ('bench',))}: bench: a benchmark file needs a bench section "
+                        f"(methods, final_seeds; common, budgets), got {_short(section)}")
+    else:
+        try:
+            settings = BenchSettings.model_validate(section, strict=True)
+        except ValidationError as err:
+            problems += _format_errors(err, section, file, lines, BenchSettings, ("bench",))
+    if "algorithm" in raw:
+        problems.append(f"{_where(file, lines, ('algorithm',))}: algorithm: a benchmark file takes its methods from "
+                        "bench.methods; remove this section")
+    sweep_section = raw.get("sweep") if isinstance(raw.get("sweep"), dict) else {}
+    rules = (("search", lambda v: v == "random", "'random' (its draws do not depend on when concurrent trials finish)"),
+             ("select_on", lambda v: v == "validation", "'validation' (the test data chooses nothing)"),
+             ("num_samples", lambda v: isinstance(v, int) and v >= 1, "an integer >= 1: every method's budget"),
+             ("seeds", lambda v: isinstance(v, list) and len(v) >= 1, "a list of the tuning seeds"),
+             ("scheduler", lambda v: v is None, "none (ASHA would stop one method's trials for another's accuracy)"))
+    for key, ok, allowed in rules:
+        if not ok(sweep_section.get(key)):
+            problems.append(f"{_where(file, lines, ('sweep', key))}: sweep.{key}: {_short(sweep_section.get(key))} in a "
+                            f"benchmark file; allowed: {allowed}")
+    methods: dict[str, dict] = {}
+    if settings is not None:
+        budget = sweep_section.get("num_samples")
+        if isinstance(budget, int) and any(not 1 <= b < budget for b in settings.budgets):
+            problems.append(f"{_where(file, lines, ('bench', 'budgets'))}: bench.budgets: {settings.budgets}; allowed: "
+                            f"integers from 1 to sweep.num_samples - 1 ({budget - 1})")
+        if overlap := sorted(set(settings.final_seeds) & set(sweep_section.get("seeds") or [])):
+            problems.append(f"{_where(file, lines, ('bench', 'final_seeds'))}: bench.final_seeds: {overlap} also tune "
+                            "(sweep.seeds); allowed: fresh seeds, none of sweep.seeds")
+        methods = _methods(Path(file).parent / settings.methods, settings.common, problems)
+        if only:
+            if unknown := [m for m in only if m not in methods]:
+                problems.append(f"--methods: {', '.join(unknown)} not in {settings.methods}; allowed: {', '.join(methods)}")
+            methods = {k: v for k, v in methods.items() if k in only}
+    if problems:
+        raise ConfigError(problems)
+    assert settings is not None
+    body = {k: v for k, v in raw.items() if k not in ("bench", "sweep")}
+    bench = Bench(file, str(sweep_section.get("name", Path(file).stem)), settings, body, sweep_section, methods, {})
+    for key, algorithm in methods.items():
+        try:
+            # a random search of this method alone: its draws, checked as `fedsweep sweep` checks them
+            raw_one = {**body, "algorithm": algorithm, "sweep": {**sweep_section, "name": f"{bench.name}-{key}"}}
+            bench.tunes[key] = _sweep(raw_one, f"{file} [method {key} from {settings.methods}]")
+        except ConfigError as e:
+            problems += e.problems
+    seen: dict[str, str] = {}
+    for key, sweep in bench.tunes.items():
+        for t in sweep.trials:
+            if seen.setdefault(t.config.setting_key(), key) != key:
+                problems.append(f"{file}: methods {seen[t.config.setting_key()]} and {key} of {settings.methods} draw the same "
+                                "setting; allowed: methods whose spaces differ")
+                break
+    if problems:
+        raise ConfigError(problems)
+    if check_cluster:
+        first = next(iter(bench.tunes.values()))
+        check_before_start([t.config for s in bench.tunes.values() for t in s.trials], file, first.settings.storage_path)
+    return bench
+
+
+def _methods(path: Path, common: dict[str, Any], problems: list[str]) -> dict[str, dict[str, Any]]:
+    """The methods file's spaces, each with the common fields; the equal-budget rules checked."""
+    try:
+        raw, _, lines = read_yaml(path)
+    except ConfigError as e:
+        problems += e.problems
+        return {}
+    file = str(path)
+    spaces = raw.get("methods")
+    if not isinstance(spaces, dict) or not spaces:
+        problems.append(f"{_where(file, lines, ('methods',))}: methods: a mapping of method keys to search spaces, "
+                        f"got {_short(spaces)}")
+        return {}
+    out = {}
+    for key, space in spaces.items():
+        at = ("methods", key)
+        where = f"{_where(file, lines, at)}: methods.{key}"
+        if not isinstance(space, dict) or "name" not in space:
+            problems.append(f"{where}: a method's search space is a mapping with the algorithm's name, got {_short(space)}")
+            continue
+        for field, _ in flatten_grids(space):
+            problems.append(f"{_where(file, lines, at + tuple(field.split('.')))}: methods.{key}.{field}: a grid gives this "
+                            "method more settings than the others; allowed: a distribution, e.g. {choice: [values]}")
+        if not distributions(space):
+            problems.append(f"{where}: no distribution, so its budget of settings would be one setting run again; "
+                            "allowed: at least one field as {loguniform|uniform|randint|choice: ...}")
+        if both := sorted(set(space) & set(common)):
+            problems.append(f"{where}: {', '.join(both)} also in bench.common, which every method gets; allowed: "
+                            "leave them to bench.common")
+        out[str(key)] = {**space, **common}
+    return out
+
+
+# --------------------------------------------------------------------------- selection
+
+
+def choose(runs: pd.DataFrame, metric: str, mode: str, budget: int) -> str | None:
+    """The setting (``fedsweep.setting``) a method's tuning runs choose with a budget of its first ``budget``
+    settings (trial order): the best mean over its seeds of ``val_<metric>``, among the settings all of whose
+    seeds finished. Only the validation column and the run outcomes are read: never a test metric."""
+    ranked = "val_" + metric
+    tried = runs[["setting", "trial", "outcome", ranked]]
+    first = tried.groupby("setting")["trial"].min().sort_values(kind="stable").index[:budget]
+    tried = tried[tried["setting"].isin(first)]
+    eligible = tried[~tried["setting"].isin(tried.loc[tried["outcome"] != "finished", "setting"])]
+    if eligible.empty:
+        return None
+    means = eligible.groupby("setting")[ranked].mean()
+    return str(means.idxmax() if mode == "max" else means.idxmin())
+
+
+def chosen_settings(bench: Bench, runs: pd.DataFrame, keys: list[str]) -> dict[str, dict[int, str | None]]:
+    """Method -> budget -> the setting that budget chooses, from the tuning sweep's runs."""
+    settings = next(iter(bench.tunes.values())).settings
+    method = runs["setting"].map(bench.owner())
+    return {key: {b: choose(runs[method == key], settings.metric, settings.mode, b) for b in bench.budgets} for key in keys}
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def bench_table(final: pd.DataFrame, chosen: dict[str, dict[int, str | None]], tuning_wall: dict[str, float],
+                budget: int, metric: str, mode: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The table of one budget, and the runs behind it (labelled by method key): from the ``final`` runs, each
+    method's chosen setting on the final seeds, mean ± 95% CI of the test metrics, rows by the test metric's
+    mean (that order is what the table shows; nothing was chosen by it)."""
+    from fedsweep.table import best_settings
+
+    rows = []
+    for key, by_budget in chosen.items():
+        if by_budget.get(budget) is None:
+            continue
+        mine = final[final["setting"] == by_budget[budget]].copy()
+        mine["algorithm"] = key
+        rows.append(mine)
+    if not rows:
+        return pd.DataFrame(), pd.DataFrame()
+    runs = pd.concat(rows, ignore_index=True)
+    # one setting per method here: best_settings' "best" is the chosen one; its mean ± CI over the final seeds
+    table = best_settings(runs, metric, mode, (), "test", reported=BENCH_METRICS)
+    table["tuning wall (s)"] = table["algorithm"].map(tuning_wall)
+    if "wall_time_s" in runs.columns:
+        table["run wall (s)"] = table["algorithm"].map(runs.groupby("algorithm")["wall_time_s"].mean())
+    table = table.sort_values(f"{metric} mean", ascending=mode != "max", kind="stable").reset_index(drop=True)
+    table.attrs.update(select_on="validation", ranked_by="val_" + metric, metric=metric, budget=budget)
+    return table, runs
+
+
+def read_state(folder: Path) -> dict[str, Any]:
+    path = folder / STATE
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def write_state(folder: Path, state: dict[str, Any]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / (STATE + ".tmp")
+    tmp.write_text(json.dumps(state, indent=1, sort_keys=True))
+    tmp.replace(folder / STATE)
+

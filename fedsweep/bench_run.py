@@ -1,0 +1,171 @@
+"""Running a benchmark (:mod:`fedsweep.bench`) and writing what it found.
+
+The tuning sweep of the methods without a choice yet, then the final sweep of those without final runs, each a
+`fedsweep sweep` (Ray Tune, one MLflow run per trial) nested under the benchmark's MLflow run.
+``<output>/<name>/bench_state.json`` records what has finished: ``--resume`` skips what finished and resumes an
+interrupted sweep where Tune left it. The benchmark's
+files (per budget: ``table_b<N>.md|csv``, ``final_runs_b<N>.csv`` with its ``.tags.json``, ``ranking_b<N>.png``;
+``accuracy_vs_transmissions.png``) land in that folder and under ``bench/`` of the benchmark's run.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from fedsweep.bench import Bench, bench_table, chosen_settings, read_state, write_state
+from fedsweep.config import ConfigError, Sweep
+from fedsweep.table import load_runs, save_runs, to_markdown
+from fedsweep.tracking import PARENT_TAG, TAG_PREFIX, client, ensure_experiment, resolve_tracking_uri
+
+
+def _run(sweep: Sweep, resume: bool, parent: str, verbose: int) -> dict[str, Any]:
+    """``fedsweep sweep`` of one phase: resumed where an interrupted attempt left it, else started."""
+    from fedsweep.sweep import find_resumable, open_storage, run_sweep
+
+    resumable = False
+    if resume:
+        try:
+            find_resumable(sweep, open_storage(sweep))
+            resumable = True
+        except ConfigError:  # never started, or interrupted before Tune saved anything: start it
+            pass
+    return run_sweep(sweep, verbose=verbose, resume=resumable, tags={PARENT_TAG: parent, f"{TAG_PREFIX}bench": sweep.settings.name})
+
+
+def run_bench(bench: Bench, output: str | Path, resume: bool = False, verbose: int = 1) -> tuple[Path, int]:
+    """The tuning sweep of the methods without a choice yet, the final sweep of those without final runs, then
+    the tables; returns the folder and the number of sweeps that did not finish (``--resume`` reruns them)."""
+    folder = Path(output) / bench.name
+    state = read_state(folder)
+    if state and not resume:
+        raise ConfigError([(f"{folder}: a run of benchmark '{bench.name}' is there already; allowed: --resume to go on "
+                            "with it, or another --output")])
+    first = next(iter(bench.tunes.values())).trials[0].config
+    experiment = first.tracking.experiment
+    uri = resolve_tracking_uri(first.tracking.tracking_uri)
+    c = client(uri)
+    if "run_id" not in state:
+        state["run_id"] = c.create_run(ensure_experiment(uri, experiment), run_name=bench.name, tags={
+            f"{TAG_PREFIX}bench": "true", f"{TAG_PREFIX}source_file": bench.path}).info.run_id
+        c.log_text(state["run_id"], Path(bench.path).read_text(), "bench/benchmark.yaml")
+    methods = state.setdefault("methods", {})
+    for key in bench.tunes:
+        methods.setdefault(key, {})
+    write_state(folder, state)
+    failed = 0
+    if pending := [k for k in bench.tunes if "chosen" not in methods[k]]:
+        sweep = bench.tune_sweep(pending)
+        print(f"[bench {bench.name}] tuning {len(pending)} method(s): {sweep.describe()}", flush=True)
+        out = _run(sweep, resume, state["run_id"], verbose)
+        if out["errors"]:  # a method missing a setting would choose among fewer: no choice before every trial ran
+            print(f"[bench {bench.name}] {out['errors']} tuning trial(s) failed; --resume reruns them", file=sys.stderr)
+            return folder, 1
+        runs, _ = load_runs(uri, experiment, out["parent_run_id"])
+        method = runs["setting"].map(bench.owner())
+        for key, chosen in chosen_settings(bench, runs, pending).items():
+            methods[key].update(tune_run=out["parent_run_id"], chosen={str(b): s for b, s in chosen.items()},
+                                tuning_wall_s=float(runs.loc[method == key, "wall_time_s"].sum()))
+        write_state(folder, state)
+    if pending := [k for k in bench.tunes if "final_run" not in methods[k] and any(methods[k]["chosen"].values())]:
+        sections = {s: bench.section(k, s) for k in pending for s in methods[k]["chosen"].values() if s is not None}
+        sweep = bench.final_sweep(list(sections.values()))
+        print(f"[bench {bench.name}] final runs of {len(pending)} method(s): {sweep.describe()}", flush=True)
+        out = _run(sweep, resume, state["run_id"], verbose)
+        if out["errors"]:
+            print(f"[bench {bench.name}] {out['errors']} final trial(s) failed; --resume reruns them", file=sys.stderr)
+            failed += 1
+        else:
+            for key in pending:
+                methods[key]["final_run"] = out["parent_run_id"]
+            write_state(folder, state)
+    for key in bench.tunes:
+        if not any(methods[key].get("chosen", {}).values()):
+            print(f"[bench {bench.name}] {key}: no setting finished on every tuning seed; not in the tables", file=sys.stderr)
+    write_tables(bench, state, uri, folder)
+    return folder, failed
+
+
+def write_tables(bench: Bench, state: dict[str, Any], uri: str, folder: Path) -> dict[int, pd.DataFrame]:
+    """Each budget's table from the final runs of the methods that have them, written to ``folder`` and to the
+    benchmark's MLflow run."""
+    first = next(iter(bench.tunes.values()))
+    experiment, settings = first.trials[0].config.tracking.experiment, first.settings
+    done = {k: e for k, e in state["methods"].items() if "final_run" in e and k in bench.tunes}
+    final = pd.concat([load_runs(uri, experiment, run, settings.target_accuracy)[0]
+                       for run in dict.fromkeys(e["final_run"] for e in done.values())] or [pd.DataFrame()], ignore_index=True)
+    chosen = {k: {int(b): s for b, s in e["chosen"].items()} for k, e in done.items()}
+    wall = {k: e["tuning_wall_s"] for k, e in done.items()}
+    tables = {}
+    # the final runs: one setting per method, chosen on validation before they ran
+    tags = {f"{TAG_PREFIX}bench": bench.name, f"{TAG_PREFIX}metric": settings.metric, f"{TAG_PREFIX}mode": settings.mode,
+            f"{TAG_PREFIX}select_on": "validation"}
+    for budget in bench.budgets:
+        table, runs = bench_table(final, chosen, wall, budget, settings.metric, settings.mode)
+        if table.empty:
+            continue
+        tables[budget] = table
+        header = (f"Benchmark {bench.name}: budget {budget} setting(s) per method, chosen on validation "
+                  f"(seeds {settings.seeds}); test metrics over the final seeds {bench.settings.final_seeds}, mean ± 95% CI.")
+        (folder / f"table_b{budget}.md").write_text(header + "\n\n" + to_markdown(table) + "\n")
+        table.to_csv(folder / f"table_b{budget}.csv", index=False)
+        save_runs(runs, tags, str(folder / f"final_runs_b{budget}.csv"))
+        (folder / f"ranking_b{budget}.png").write_bytes(ranking_figure(table, settings.metric, f"{bench.name}, budget {budget}"))
+        if budget == bench.budgets[0]:
+            (folder / "accuracy_vs_transmissions.png").write_bytes(transmissions_figure(runs, settings.metric, bench.name))
+    if tables:
+        client(uri).log_artifacts(state["run_id"], str(folder), "bench")
+    return tables
+
+
+# --------------------------------------------------------------------------- figures
+
+
+def ranking_figure(table: pd.DataFrame, metric: str, title: str) -> bytes:
+    """The methods ranked by their test metric, each with its 95% CI bar."""
+    from fedsweep.report import _png, _pyplot
+
+    plt = _pyplot()
+    rows = table.iloc[::-1]
+    fig, ax = plt.subplots(figsize=(7, 1.2 + 0.28 * len(rows)))
+    ax.barh(rows["algorithm"], 100 * rows[f"{metric} mean"], xerr=100 * rows[f"{metric} ci95"].fillna(0), color="#4c72b0", capsize=2)
+    ax.set_xlabel(f"{metric} (%), test, mean ± 95% CI")
+    ax.set_title(title)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def transmissions_figure(runs: pd.DataFrame, metric: str, title: str) -> bytes:
+    """Each method's final test metric against the floats it moved (means over the final seeds)."""
+    from fedsweep.report import _png, _pyplot
+
+    plt = _pyplot()
+    means = runs.groupby("algorithm")[[metric, "transmissions"]].mean()
+    fig, ax = plt.subplots(figsize=(7, 5))
+    ax.scatter(means["transmissions"], 100 * means[metric])
+    for name, row in means.iterrows():
+        ax.annotate(str(name), (row["transmissions"], 100 * row[metric]), fontsize=7)
+    ax.set_xscale("log")
+    ax.set_xlabel("model transmissions (floats sent up and down, whole run)")
+    ax.set_ylabel(f"{metric} (%), test")
+    ax.set_title(title)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def heatmap_figure(merged: pd.DataFrame, metric: str) -> bytes:
+    """Methods × datasets of the test metric's mean (the merged table's cells)."""
+    from fedsweep.report import _png, _pyplot
+
+    plt = _pyplot()
+    means = merged.set_index("algorithm")[[c for c in merged.columns if c.endswith(" mean")]]
+    fig, ax = plt.subplots(figsize=(2 + 1.4 * means.shape[1], 1.2 + 0.3 * len(means)))
+    image = ax.imshow(100 * means.to_numpy(dtype=float), aspect="auto", cmap="viridis")
+    ax.set_xticks(range(means.shape[1]), [c.removesuffix(" mean") for c in means.columns], rotation=30, ha="right")
+    ax.set_yticks(range(len(means)), list(means.index))
+    fig.colorbar(image, ax=ax, label=f"{metric} (%), test")
+    fig.tight_layout()
+    return _png(fig)

@@ -1,0 +1,145 @@
+"""`fedsweep bench` (issue 34) on a tiny two-method, two-dataset benchmark, on a real Ray instance and MLflow
+store: equal budgets, selection on validation only, fresh final seeds, the merged methods × datasets table,
+and the checks a benchmark file gets before anything runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from fedsweep.bench import choose, load_bench
+from fedsweep.cli import main
+from fedsweep.config import ConfigError
+from fedsweep.table import load_runs
+
+METHODS = {"methods": {
+    "fedavg": {"name": "fedavg", "local_lr": {"loguniform": [0.02, 0.5]}},
+    "local": {"name": "local", "local_lr": {"loguniform": [0.02, 0.5]}},
+}}
+
+
+def bench_file(folder, name: str, partition: dict, **bench) -> str:
+    raw = {
+        "data": {"dataset": "digits", "num_clients": 4, "partition": partition, "validation_fraction": 0.25},
+        "model": {"name": "mlp", "hidden": [8]},
+        "rounds": 2,
+        "eval_every": 1,
+        "tracking": {"experiment": "bench-test"},
+        "sweep": {"name": name, "search": "random", "num_samples": 3, "seeds": [0], "select_on": "validation",
+                  "max_concurrent_trials": 2, "storage_path": str(folder / "ray_results")},
+        "bench": {"methods": "methods.yaml", "common": {"r": 1.0, "tau": 2, "batch_size": 16}, "final_seeds": [1, 2],
+                  "budgets": [1], **bench},
+    }
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return str(path)
+
+
+@pytest.fixture
+def files(tmp_path):
+    (tmp_path / "methods.yaml").write_text(yaml.safe_dump(METHODS))
+    return tmp_path, *(bench_file(tmp_path, "skew", {"name": "label_skew", "classes_per_client": 4}),
+                      bench_file(tmp_path, "dirichlet", {"name": "dirichlet", "concentration": 0.5}))
+
+
+def test_a_two_method_benchmark_tunes_equally_selects_on_validation_and_merges(ray_session, tracking_uri, files):
+    folder, a, b = files
+    out = folder / "results"
+    assert main(["bench", a, b, "--output", str(out), "--quiet"]) == 0
+    for name in ("skew", "dirichlet"):
+        state = json.loads((out / name / "bench_state.json").read_text())
+        assert sorted(state["methods"]) == ["fedavg", "local"]
+        tune_run, final_run = {e["tune_run"] for e in state["methods"].values()}, {e["final_run"] for e in state["methods"].values()}
+        assert len(tune_run) == len(final_run) == 1  # one tuning sweep and one final sweep for the methods
+        tuning_all, _ = load_runs(tracking_uri, "bench-test", tune_run.pop())
+        final_all, _ = load_runs(tracking_uri, "bench-test", final_run.pop())
+        for key, entry in state["methods"].items():
+            tuning = tuning_all[tuning_all["algorithm"] == key]
+            final = final_all[final_all["algorithm"] == key]
+            # the same budget for every method: 3 settings, each on the tuning seed only
+            assert tuning["setting"].nunique() == 3 and set(tuning["seed"]) == {0} and len(tuning) == 3
+            # chosen on validation: the best val_ mean, and the same with every test number scrambled or gone
+            best = tuning.groupby("setting")["val_personalized_accuracy_mean"].mean().idxmax()
+            assert entry["chosen"]["3"] == best
+            scrambled = tuning.copy()
+            tests = [c for c in tuning.columns if c.startswith(("personalized_", "global_"))]
+            scrambled[tests] = np.random.default_rng(0).permutation(scrambled[tests].to_numpy())
+            assert choose(scrambled, "personalized_accuracy_mean", "max", 3) == best
+            assert choose(tuning.drop(columns=tests), "personalized_accuracy_mean", "max", 3) == best
+            # budget 1: the first setting the search tried
+            assert entry["chosen"]["1"] == tuning.sort_values("trial")["setting"].iloc[0]
+            # the chosen settings, exactly, each on the fresh seeds
+            assert set(final["setting"]) == {entry["chosen"]["3"], entry["chosen"]["1"]}
+            assert sorted(final["seed"]) == sorted([1, 2] * final["setting"].nunique())
+        table = pd.read_csv(out / name / "table_b3.csv")
+        assert sorted(table["algorithm"]) == ["fedavg", "local"] and set(table["seeds"]) == {2}
+        assert (out / name / "ranking_b3.png").stat().st_size > 0 and (out / name / "table_b1.md").exists()
+    merged = pd.read_csv(out / "summary.csv")
+    assert sorted(merged["algorithm"]) == ["fedavg", "local"]  # one row per method
+    assert [c for c in merged.columns if c.endswith(" mean")] == ["skew mean", "dirichlet mean"]  # one column per dataset
+    assert (out / "heatmap.png").stat().st_size > 0
+    # the same merge from the saved runs alone, as `fedsweep table` gives it
+    assert main(["table", "--from-runs", str(out / "skew" / "final_runs_b3.csv"),
+                 "--from-runs", str(out / "dirichlet" / "final_runs_b3.csv"), "--format", "csv",
+                 "--output", str(folder / "merged.csv")]) == 0
+    again = pd.read_csv(folder / "merged.csv")
+    pd.testing.assert_frame_equal(again, merged)
+
+    # a finished benchmark resumed runs nothing more; run again without --resume, it is refused
+    from mlflow import MlflowClient
+
+    before = len(MlflowClient(tracking_uri).search_runs([MlflowClient(tracking_uri).get_experiment_by_name("bench-test").experiment_id]))
+    assert main(["bench", a, "--output", str(out), "--quiet", "--resume"]) == 0
+    after = len(MlflowClient(tracking_uri).search_runs([MlflowClient(tracking_uri).get_experiment_by_name("bench-test").experiment_id]))
+    assert after == before
+    assert main(["bench", a, "--output", str(out), "--quiet"]) == 2
+
+
+def problems(path) -> str:
+    with pytest.raises(ConfigError) as err:
+        load_bench(path, check_cluster=False)
+    return str(err.value)
+
+
+def test_a_benchmark_file_that_would_give_unequal_budgets_is_refused_before_anything_runs(tmp_path):
+    methods = {"methods": {
+        "fedavg": {"name": "fedavg", "local_lr": {"grid": [0.05, 0.1]}},  # a grid: two points, more tries
+        "local": {"name": "local", "local_lr": 0.05},  # nothing drawn: one setting run again
+        "ditto": {"name": "ditto", "local_lr": {"loguniform": [0.01, 0.1]}, "r": 0.5},  # r is common's
+    }}
+    (tmp_path / "methods.yaml").write_text(yaml.safe_dump(methods))
+    path = bench_file(tmp_path, "bad", {"name": "iid"}, final_seeds=[0, 1], budgets=[3])
+    text = problems(path)
+    assert "methods.fedavg.local_lr: a grid gives this method more settings than the others" in text
+    assert "methods.local: no distribution" in text
+    assert "methods.ditto: r also in bench.common" in text
+    assert "bench.final_seeds: [0] also tune (sweep.seeds)" in text
+    assert "bench.budgets: [3]; allowed: integers from 1 to sweep.num_samples - 1 (2)" in text
+
+    raw = yaml.safe_load(Path(path).read_text())
+    raw["sweep"].update(search="optuna", select_on="test", scheduler={"asha": {"grace_rounds": 1}})
+    raw["algorithm"] = {"name": "fedavg"}
+    Path(path).write_text(yaml.safe_dump(raw))
+    text = problems(path)
+    assert "sweep.search: 'optuna' in a benchmark file; allowed: 'random'" in text
+    assert "sweep.select_on: 'test' in a benchmark file; allowed: 'validation'" in text
+    assert "algorithm: a benchmark file takes its methods from bench.methods" in text
+    assert "sweep.scheduler: {'asha': {'grace_rounds': 1}} in a benchmark file; allowed: none" in text
+
+
+def test_the_shipped_benchmark_files_are_valid():
+    files = sorted(Path("sweeps/benchmark").glob("*.yaml"))
+    files = [f for f in files if f.name != "methods.yaml"]
+    assert files
+    keys = None
+    for f in files:
+        bench = load_bench(f, check_cluster=False)
+        budgets = {len(s.trials) // len(s.settings.seeds) for s in bench.tunes.values()}
+        assert budgets == {bench.budgets[0]}, f  # the same number of settings for every method
+        keys = keys or list(bench.tunes)
+        assert list(bench.tunes) == keys  # every file: every method of the one methods file
