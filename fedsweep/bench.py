@@ -44,8 +44,10 @@ from fedsweep.schema import StrictModel
 from fedsweep.search import distributions
 
 STATE = "bench_state.json"
-#: The metrics of a benchmark table: the ranked one first, then fairness (worst client, 10th percentile).
-BENCH_METRICS = ("personalized_accuracy_mean", "personalized_accuracy_p10", "personalized_accuracy_worst", "global_accuracy")
+#: The metrics of a benchmark table: the ranked one first, then fairness (10th percentile, worst client), the
+#: global model's, the floats moved (in models) and a final run's wall time.
+BENCH_METRICS = ("personalized_accuracy_mean", "personalized_accuracy_p10", "personalized_accuracy_worst", "global_accuracy",
+                 "transmissions", "wall_time_s")
 
 
 class BenchSettings(StrictModel):
@@ -80,6 +82,22 @@ class Bench:
         """Method ``key``'s settings in the order drawn: their algorithm sections, exactly."""
         sections = {t.config.setting_key(): t.config.algorithm.model_dump(mode="json") for t in self.tunes[key].trials}
         return list(sections.values())
+
+    def tuned(self, key: str) -> list[tuple[str, str]]:
+        """The fields method ``key`` draws: (the name written in its space, its name in the algorithm's schema)."""
+        from fedsweep.algorithms import ALGORITHMS
+        from fedsweep.loading import _alias_of
+
+        params = ALGORITHMS[self.methods[key]["name"]].Params
+        return [(str(path[0]), _alias_of(params, path[0]) or str(path[0])) for path, _ in distributions(self.methods[key])]
+
+    def label(self, key: str, setting: str) -> str:
+        """The drawn values of a setting of method ``key``, in the shared symbols: what tells its settings apart."""
+        from fedsweep.tracking import in_vocabulary
+
+        section = self.section(key, setting)
+        return in_vocabulary(", ".join(f"{written}={section[field]:.4g}" if isinstance(section[field], float)
+                                       else f"{written}={section[field]}" for written, field in self.tuned(key)))
 
     def section(self, key: str, setting: str) -> dict[str, Any]:
         """The algorithm section of method ``key``'s drawn setting ``setting``."""
@@ -236,11 +254,12 @@ def chosen_settings(bench: Bench, runs: pd.DataFrame, keys: list[str]) -> dict[s
 # --------------------------------------------------------------------------- tables
 
 
-def bench_table(final: pd.DataFrame, chosen: dict[str, dict[int, str | None]], tuning_wall: dict[str, float],
-                budget: int, metric: str, mode: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+def bench_table(final: pd.DataFrame, chosen: dict[str, dict[int, str | None]], tried: dict[str, int], budget: int,
+                metric: str, mode: str, labels: dict[str, str]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The table of one budget, and the runs behind it (labelled by method key): from the ``final`` runs, each
     method's chosen setting on the final seeds, mean ± 95% CI of the test metrics, rows by the test metric's
-    mean (that order is what the table shows; nothing was chosen by it)."""
+    mean (that order is what the table shows; nothing was chosen by it). ``tried``: the settings each method's
+    tuning ran; ``labels``: setting key -> its drawn values."""
     from fedsweep.table import best_settings
 
     rows = []
@@ -249,15 +268,14 @@ def bench_table(final: pd.DataFrame, chosen: dict[str, dict[int, str | None]], t
             continue
         mine = final[final["setting"] == by_budget[budget]].copy()
         mine["algorithm"] = key
+        mine["setting_label"] = labels[by_budget[budget]]
         rows.append(mine)
     if not rows:
         return pd.DataFrame(), pd.DataFrame()
     runs = pd.concat(rows, ignore_index=True)
     # one setting per method here: best_settings' "best" is the chosen one; its mean ± CI over the final seeds
     table = best_settings(runs, metric, mode, (), "test", reported=BENCH_METRICS)
-    table["tuning wall (s)"] = table["algorithm"].map(tuning_wall)
-    if "wall_time_s" in runs.columns:
-        table["run wall (s)"] = table["algorithm"].map(runs.groupby("algorithm")["wall_time_s"].mean())
+    table["settings tried"] = [min(budget, tried[key]) for key in table["algorithm"]]  # in the tuning, not here
     table = table.sort_values(f"{metric} mean", ascending=mode != "max", kind="stable").reset_index(drop=True)
     table.attrs.update(select_on="validation", ranked_by="val_" + metric, metric=metric, budget=budget)
     return table, runs

@@ -67,8 +67,9 @@ def run_bench(bench: Bench, output: str | Path, resume: bool = False, verbose: i
         runs, _ = load_runs(uri, experiment, out["parent_run_id"])
         method = runs["setting"].map(bench.owner())
         for key, chosen in chosen_settings(bench, runs, pending).items():
+            mine = runs[method == key]
             methods[key].update(tune_run=out["parent_run_id"], chosen={str(b): s for b, s in chosen.items()},
-                                tuning_wall_s=float(runs.loc[method == key, "wall_time_s"].sum()))
+                                tried=int(mine["setting"].nunique()), tuning_wall_s=float(mine["wall_time_s"].sum()))
         write_state(folder, state)
     if pending := [k for k in bench.tunes if "final_run" not in methods[k] and any(methods[k]["chosen"].values())]:
         sections = {s: bench.section(k, s) for k in pending for s in methods[k]["chosen"].values() if s is not None}
@@ -98,18 +99,22 @@ def write_tables(bench: Bench, state: dict[str, Any], uri: str, folder: Path) ->
     final = pd.concat([load_runs(uri, experiment, run, settings.target_accuracy)[0]
                        for run in dict.fromkeys(e["final_run"] for e in done.values())] or [pd.DataFrame()], ignore_index=True)
     chosen = {k: {int(b): s for b, s in e["chosen"].items()} for k, e in done.items()}
-    wall = {k: e["tuning_wall_s"] for k, e in done.items()}
+    tried = {k: e["tried"] for k, e in done.items()}
+    labels = {s: bench.label(k, s) for k, by_budget in chosen.items() for s in by_budget.values() if s is not None}
     tables = {}
     # the final runs: one setting per method, chosen on validation before they ran
     tags = {f"{TAG_PREFIX}bench": bench.name, f"{TAG_PREFIX}metric": settings.metric, f"{TAG_PREFIX}mode": settings.mode,
             f"{TAG_PREFIX}select_on": "validation"}
     for budget in bench.budgets:
-        table, runs = bench_table(final, chosen, wall, budget, settings.metric, settings.mode)
+        table, runs = bench_table(final, chosen, tried, budget, settings.metric, settings.mode, labels)
         if table.empty:
             continue
         tables[budget] = table
+        wall = ", ".join(f"{k} {e['tuning_wall_s']:.0f}" for k, e in done.items())
         header = (f"Benchmark {bench.name}: budget {budget} setting(s) per method, chosen on validation "
-                  f"(seeds {settings.seeds}); test metrics over the final seeds {bench.settings.final_seeds}, mean ± 95% CI.")
+                  f"(seeds {settings.seeds}); test metrics over the final seeds {bench.settings.final_seeds}, mean ± 95% CI. "
+                  f"transmissions: floats sent up and down by the end, in models. Tuning time per method (s, the "
+                  f"servers' wall time summed over its runs): {wall}.")
         (folder / f"table_b{budget}.md").write_text(header + "\n\n" + to_markdown(table) + "\n")
         table.to_csv(folder / f"table_b{budget}.csv", index=False)
         save_runs(runs, tags, str(folder / f"final_runs_b{budget}.csv"))

@@ -23,6 +23,8 @@ REPORTED = ("personalized_accuracy_mean", "global_accuracy", "personalized_accur
 #: Added by ``load_runs(target_accuracy=...)``: first evaluation round, and model transmissions by then,
 #: at which personalized_accuracy_mean reached the target (NaN where it never did).
 TARGET_COLUMNS = ("rounds_to_target", "transmissions_to_target")
+#: Decimals of a table's counts and times (4 for the others: losses; accuracies are in percent, 2).
+DIGITS = {"rounds_to_target": 1, "transmissions_to_target": 1, "transmissions": 1, "wall_time_s": 2}
 
 
 def ci95(values: np.ndarray) -> float:
@@ -282,7 +284,7 @@ def to_markdown(table: pd.DataFrame) -> str:
         cells = [str(r["algorithm"]), str(r["best setting"]), str(r["settings tried"]), str(r["seeds"])]
         cells += [str(r["stopped early"])] if stopped else []
         cells += [
-            _pm(r[f"{m} mean"], r[f"{m} ci95"], m not in TARGET_COLUMNS and "accuracy" in m, 1 if m in TARGET_COLUMNS else 4,
+            _pm(r[f"{m} mean"], r[f"{m} ci95"], m not in TARGET_COLUMNS and "accuracy" in m, DIGITS.get(m, 4),
                 "not reached" if m in TARGET_COLUMNS else "—")
             for m in metrics
         ]

@@ -160,6 +160,11 @@ def test_a_table_rebuilds_from_its_saved_runs_without_the_store(store, tmp_path,
     runs, _ = load_runs(store, "table-test", target_accuracy=0.8)
     read, _ = read_runs(saved)
     assert list(read.columns) == list(runs.columns) and len(read) == len(runs) == 12
-    assert main(["table", "--from-runs", saved, "--experiment", "table-test"]) == 2
+    # saved runs and a store together: one methods × sources table, a column pair for each
+    assert main(["table", "--from-runs", saved, "--experiment", "table-test", "--tracking-uri", store]) == 0
+    merged = capsys.readouterr().out.splitlines()
+    assert merged[2].split(" | ")[1:3] == ["runs", "table-test"]
+    assert len(merged) == 4 + runs["algorithm"].nunique()
+    assert main(["table", "--from-runs", saved, "--from-runs", saved, "--runs-output", saved]) == 2
     assert main(["table", "--from-runs", str(tmp_path / "none.csv")]) == 2
     assert "cannot be read as saved runs" in capsys.readouterr().err
