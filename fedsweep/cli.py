@@ -39,11 +39,17 @@ def _tracking_uri(configured: str | None) -> str | None:
 
 def cmd_validate(args) -> int:
     """Every file is checked (one Python start for all, e.g. ``fedsweep validate sweeps/*.yaml``); exit 2 if any is bad."""
-    from fedsweep.loading import load_sweep
+    from fedsweep.bench import load_bench
+    from fedsweep.loading import load_sweep, read_yaml
 
     code = 0
     for file in args.files:
         try:
+            if "bench" in read_yaml(file)[0]:  # a benchmark file: checked as `fedsweep bench` checks it
+                bench = load_bench(file)
+                print(f"{file}: OK — a benchmark of {len(bench.tunes)} method(s), {bench.budgets[0]} setting(s) each on "
+                      f"seeds {bench.sweep_section['seeds']}, the chosen one(s) on seeds {bench.settings.final_seeds}")
+                continue
             sweep = load_sweep(file)
         except ConfigError as e:
             code = _print_problems(e)

@@ -132,6 +132,17 @@ def test_a_benchmark_file_that_would_give_unequal_budgets_is_refused_before_anyt
     assert "sweep.scheduler: {'asha': {'grace_rounds': 1}} in a benchmark file; allowed: none" in text
 
 
+def test_validate_checks_a_benchmark_file_as_bench_does(files, capsys):
+    _, good, _ = files
+    assert main(["validate", good]) == 0
+    assert "OK — a benchmark of 2 method(s), 3 setting(s) each on seeds [0], the chosen one(s) on seeds [1, 2]" in capsys.readouterr().out
+    raw = yaml.safe_load(Path(good).read_text())
+    raw["bench"]["final_seeds"] = [0, 5]
+    Path(good).write_text(yaml.safe_dump(raw))
+    assert main(["validate", good]) == 2
+    assert "bench.final_seeds: [0] also tune (sweep.seeds)" in capsys.readouterr().err
+
+
 def test_the_shipped_benchmark_files_are_valid():
     files = sorted(Path("sweeps/benchmark").glob("*.yaml"))
     files = [f for f in files if f.name != "methods.yaml"]
