@@ -23,7 +23,8 @@ from fedsweep.metric_writer import MetricWriter
 TAG_PREFIX = "fedsweep."
 PARENT_TAG = "mlflow.parentRunId"
 #: Set on a run whose evaluation let the scored model see test data (Per-FedAvg's adapt_on_test_batch).
-LEAK_TAG, LEAK_VALUE = f"{TAG_PREFIX}evaluation", "adapt_on_test_batch (leaks test data)"
+#: The tag of a run whose evaluation lets the scored model see test data; its value names that evaluation.
+LEAK_TAG = f"{TAG_PREFIX}evaluation"
 #: ``fedsweep.outcome`` of a run that a scheduler stopped before its last round (FINISHED, never a best setting).
 STOPPED_EARLY = "stopped_early"
 #: Metrics held before a write even without an evaluation round (a long evaluation interval).
@@ -154,7 +155,7 @@ class RunLogger:
             f"{TAG_PREFIX}setting": cfg.setting_key(),
             f"{TAG_PREFIX}setting_label": setting_label(overrides or {}),
             f"{TAG_PREFIX}seed": str(cfg.seed),
-            **({LEAK_TAG: LEAK_VALUE} if cfg.algorithm.leaks_test_data else {}),
+            **({LEAK_TAG: f"{cfg.algorithm.evaluation} (leaks test data)"} if cfg.algorithm.leaks_test_data else {}),
             **({f"{TAG_PREFIX}provenance": provenance} if (provenance := ALGORITHMS[cfg.algorithm.name].provenance) else {}),
             **(tags or {}),
         }

@@ -5,6 +5,7 @@ and the checks a benchmark file gets before anything runs."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -149,6 +150,8 @@ def test_the_shipped_benchmark_files_are_valid():
     assert files
     keys = None
     for f in files:
+        # each file runs itself (line 1: the shebang; git keeps the run bit)
+        assert f.read_text().splitlines()[0] == "#!/usr/bin/env -S fedsweep bench" and os.access(f, os.X_OK), f
         bench = load_bench(f, check_cluster=False)
         budgets = {len(s.trials) // len(s.settings.seeds) for s in bench.tunes.values()}
         assert budgets == {bench.budgets[0]}, f  # the same number of settings for every method

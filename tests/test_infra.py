@@ -147,6 +147,8 @@ def test_the_cpu_cut_of_the_pfl_protocol_differs_from_it_only_where_it_says():
     ("perfedavg_table1_mnist_weighted", "perfedavg_table1_mnist", "aggregation", ("uniform", "weighted")),
     # pFedMe's Per-FedAvg rows trained as its code did before 71ae947 (issue 37)
     ("perfedavg_pfedme_2020_training_synthetic", "perfedavg_adapt_on_test_batch_synthetic", "outer_step_from", (None, "adapted")),
+    # the Per-FedAvg MNIST ablation: the test-time step on test data, as the paper words it (leaks; marked rows)
+    ("perfedavg_table1_mnist_test_data_step", "perfedavg_table1_mnist", "evaluation", (None, "test_data_step")),
 ])
 def test_a_variant_changes_one_field_of_every_algorithm_entry_and_nothing_else(variant, protocol, key, values):
     first = yaml.safe_load((ROOT / "sweeps" / f"{protocol}.yaml").read_text())
@@ -154,4 +156,15 @@ def test_a_variant_changes_one_field_of_every_algorithm_entry_and_nothing_else(v
     for doc, value in zip((first, second), values):
         assert [entry.pop(key, None) for entry in doc["algorithm"]["grid"]] == [value] * len(doc["algorithm"]["grid"])
         doc.pop("name"), doc["tracking"].pop("experiment"), doc["sweep"].pop("name")
+    assert second == first
+
+
+def test_the_hf_delta_ablation_is_the_protocol_s_hf_rows_with_the_difference_divided_by_delta():
+    first = yaml.safe_load((ROOT / "sweeps" / "perfedavg_table1_mnist.yaml").read_text())
+    second = yaml.safe_load((ROOT / "sweeps" / "perfedavg_table1_mnist_hf_delta.yaml").read_text())
+    entry = next(e for e in first["algorithm"]["grid"] if e["name"] == "perfedavg")
+    assert entry.pop("variant") == {"grid": ["fo", "hf"]}
+    assert second["algorithm"] == {**entry, "variant": "hf", "hf_denominator": "delta"}
+    for doc in (first, second):
+        doc.pop("algorithm"), doc.pop("name"), doc["tracking"].pop("experiment"), doc["sweep"].pop("name")
     assert second == first

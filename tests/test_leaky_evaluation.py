@@ -61,7 +61,7 @@ def test_only_an_explicit_setting_leaks_and_bad_values_are_refused():
     assert cfg.algorithm.evaluation == "train" and not cfg.algorithm.leaks_test_data
     with pytest.raises(Exception, match="evaluation") as err:
         validate(config_dict(algorithm={"_replace": True, "name": "perfedavg", "evaluation": "test"}))
-    assert "adapt_on_test_batch" in str(err.value) and "train" in str(err.value)
+    assert "adapt_on_test_batch" in str(err.value) and "test_data_step" in str(err.value) and "train" in str(err.value)
 
 
 def test_leaking_runs_are_tagged_in_mlflow_and_get_their_own_marked_table_row(tmp_path):
@@ -80,3 +80,56 @@ def test_leaking_runs_are_tagged_in_mlflow_and_get_their_own_marked_table_row(tm
     assert table.loc["perfedavg", "personalized_accuracy_mean mean"] == pytest.approx(0.5)
     assert table.loc["perfedavg [adapt_on_test_batch (leaks test data)]", "personalized_accuracy_mean mean"] == pytest.approx(0.9)
     assert len(tagged) == 2 and LEAK_TAG.startswith("fedsweep.")
+
+
+def test_data_step_is_one_step_of_alpha_on_a_test_minibatch_for_perfedavg_and_fedavg():
+    """Per-FedAvg's Sec. 5 wording of its Table 1 evaluation (and of FedAvg + update): one stochastic step of α
+    with respect to the test data, w' = w − α ∇f(w; T); nothing else."""
+    from fedsweep.algorithms.fedavg import FedAvgOwnParams
+
+    data, model, w = client_setup()
+    t = torch.randperm(9, generator=torch.Generator().manual_seed(7))[:B]
+    v = w.detach().requires_grad_(True)
+    (g,) = torch.autograd.grad(torch.nn.functional.cross_entropy(model(v, data.x_test[t]), data.y_test[t]), v)
+    expected = w - ALPHA * g
+    assert torch.allclose(personalized("test_data_step"), expected, atol=1e-7)
+    hp = FedAvgOwnParams(name="fedavg", alpha=ALPHA, batch_size=B, evaluation="test_data_step")
+    ctx = ClientContext(model, data, torch.Generator().manual_seed(7))
+    assert torch.allclose(build_algorithm(hp).personalize(ctx, {"params": w}, {}), expected, atol=1e-7)
+    assert hp.leaks_test_data and not FedAvgOwnParams(name="fedavg").leaks_test_data
+    # a leaking evaluation reads the test labels; FedAvg's default does not
+    assert not torch.allclose(personalized("test_data_step"), personalized("test_data_step", test_labels_shift=1))
+
+
+def test_fedavg_test_data_step_is_fedavg_s_own_and_its_runs_are_marked(tmp_path):
+    """The methods built on FedAvg's parameters do not get the leaking evaluation; FedAvg's runs with it are tagged."""
+    with pytest.raises(Exception, match="evaluation"):
+        validate(config_dict(algorithm={"_replace": True, "name": "fedprox", "evaluation": "test_data_step"}))
+    cfg = validate(config_dict(algorithm={"_replace": True, "name": "fedavg", "alpha": 0.1, "evaluation": "test_data_step"}))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    log = RunLogger(uri, ensure_experiment(uri, "leak"), cfg, "fedavg leak")
+    log.log_round({"round": 0.0, "personalized_accuracy_mean": 0.5})
+    log.finish(None)
+    runs, _ = load_runs(uri, "leak")
+    assert list(runs["algorithm"]) == ["fedavg [test_data_step (leaks test data)]"]
+
+
+def test_hf_denominator_divides_the_central_difference_by_2_delta_or_by_delta_as_seed_000_prints():
+    """On a quadratic f(w) = ½wᵀAw − bᵀw the central difference is exact: [∇f(w+δg) − ∇f(w−δg)]/(2δ) = A g, so
+    the HF step is w − β(g' − α A g') with g' = ∇f(w − α∇f(w)); /δ doubles the correction."""
+    from fedsweep.algorithms.perfedavg import meta_step
+
+    gen = torch.Generator().manual_seed(3)
+    m = torch.randn(4, 4, generator=gen, dtype=torch.float64)
+    a, b = m @ m.T + torch.eye(4, dtype=torch.float64), torch.randn(4, generator=gen, dtype=torch.float64)
+    w = torch.randn(4, generator=gen, dtype=torch.float64)
+    loss = lambda v, _batch: 0.5 * v @ a @ v - b @ v
+    g_outer = a @ (w - ALPHA * (a @ w - b)) - b
+    for divisor, factor in ((2.0, 1.0), (1.0, 2.0)):
+        new, _ = meta_step(loss, w, (None, None, None), ALPHA, BETA, "hf", 1e-3, divisor=divisor)
+        assert torch.allclose(new, w - BETA * (g_outer - factor * ALPHA * (a @ g_outer)), atol=1e-9)
+    cfg = validate(config_dict(algorithm={"_replace": True, "name": "perfedavg", "variant": "hf", "hf_denominator": "delta"}))
+    assert cfg.algorithm.hf_denominator == "delta"
+    with pytest.raises(Exception, match="hf_denominator") as err:
+        validate(config_dict(algorithm={"_replace": True, "name": "perfedavg", "variant": "fo", "hf_denominator": "delta"}))
+    assert "allowed: two_delta, or variant: hf" in str(err.value)

@@ -126,7 +126,7 @@ class ClientContext:
 
     def test_batch(self, batch_size: int | None) -> Batch:
         """A minibatch of the client's *test* data. Only an evaluation protocol that is marked as leaking
-        test data may call this (Per-FedAvg's ``evaluation: adapt_on_test_batch``)."""
+        test data may call this (``evaluation: adapt_on_test_batch`` or ``test_data_step``)."""
         return self._draw(self.data.x_test, self.data.y_test, batch_size)
 
     def _draw(self, x: torch.Tensor, y: torch.Tensor, batch_size: int | None) -> Batch:

@@ -11,10 +11,17 @@ Evaluation (Fallah et al. 2020, Sec. 5, "FedAvg + update"): each client scores
 w_K after ``personalization_steps`` full-batch gradient steps of size α on its
 own training data; α = 0 scores the global model itself.
 
+``evaluation: test_data_step`` (FedAvg only) is the update as Sec. 5 words it, "one step of stochastic gradient
+descent with respect to the test data": one step of size α on a minibatch T (of ``batch_size``) of the
+client's *test* data, w' = w_K − α ∇f_i(w_K; T), scored on that test data. It LEAKS TEST DATA, is never the
+default, and its runs carry the MLflow tag ``fedsweep.evaluation`` and their own, marked table row.
+
 Reads: β (``local_lr``), τ, r, and α (``personalization_lr``) at evaluation.
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 import torch
 from pydantic import Field
@@ -25,6 +32,7 @@ from fedsweep.algorithms.base import (
     ClientContext,
     ClientMessage,
     State,
+    grad,
     register,
     sgd,
     weighted_average,
@@ -50,6 +58,28 @@ class FedAvgParams(PersonalizationMixin):
     )
 
 
+class FedAvgOwnParams(FedAvgParams):
+    """FedAvg's own: the methods built on it share :class:`FedAvgParams`, not the leaking evaluation."""
+
+    evaluation: Literal["train", "test_data_step"] = Field(
+        "train",
+        description="train: personalization_steps full-batch steps of α on the client's training data. test_data_step: "
+        "LEAKS TEST DATA — one step of α on a minibatch of the client's test data (Per-FedAvg's Sec. 5 wording of "
+        "'FedAvg + update'); for checking that paper's figures only.",
+    )
+
+    @property
+    def leaks_test_data(self) -> bool:
+        return self.evaluation != "train"
+
+
+def test_data_step(ctx: ClientContext, params: torch.Tensor, lr: float, batch_size: int | None) -> torch.Tensor:
+    """One step of size ``lr`` on a minibatch of the client's *test* data: a leaking evaluation, for the runs
+    marked so only."""
+    g, _ = grad(ctx.loss, params, ctx.test_batch(batch_size))
+    return params - lr * g
+
+
 def fine_tune(ctx: ClientContext, params: torch.Tensor, lr: float, steps: int) -> torch.Tensor:
     """``steps`` full-batch gradient steps of size α on the client's train data (identity if α·steps = 0)."""
     if lr == 0 or steps == 0:
@@ -60,7 +90,7 @@ def fine_tune(ctx: ClientContext, params: torch.Tensor, lr: float, steps: int) -
 
 @register("fedavg")
 class FedAvg(Algorithm):
-    Params = FedAvgParams
+    Params = FedAvgOwnParams
     hp: FedAvgParams
 
     def can_vectorize(self) -> bool:
@@ -77,4 +107,6 @@ class FedAvg(Algorithm):
         return weighted_average(vectors, self.aggregation_weights(messages)), server_state
 
     def personalize(self, ctx: ClientContext, payload: State, state: State) -> torch.Tensor:
+        if getattr(self.hp, "evaluation", "train") == "test_data_step":
+            return test_data_step(ctx, payload["params"], self.hp.personalization_lr, self.hp.batch_size)
         return fine_tune(ctx, payload["params"], self.hp.personalization_lr, self.hp.personalization_steps)
