@@ -255,13 +255,14 @@ def check_data(configs: list[ExperimentConfig], file: str, keep: bool = False) -
     problems: list[str] = []
     seen = set()
     for cfg in configs:
-        if not isinstance(cfg.data, ImageConfig) or cfg.resources.address() or cfg.data in seen:
+        data = cfg.run_data()
+        if not isinstance(data, ImageConfig) or cfg.resources.address() or data in seen:
             continue
-        seen.add(cfg.data)
+        seen.add(data)
         try:
-            built = build_federated_dataset(cfg.data)
+            built = build_federated_dataset(data)
             if len(configs) == 1 or keep:
-                keep_built(cfg.data, built)
+                keep_built(data, built)
         except (OSError, ValueError) as e:
             if f"{file}: {e}" not in problems:
                 problems.append(f"{file}: {e}")

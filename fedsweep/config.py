@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from fedsweep.algorithms import ALGORITHMS
 from fedsweep.data import DataConfig, SyntheticConfig, input_features, num_classes
@@ -201,6 +201,11 @@ class ExperimentConfig(StrictModel):
 
     @model_validator(mode="after")
     def _cross_field(self):
+        if self.data.seed == "run":  # the data's own checks that need a seed, with this run's
+            try:
+                type(self.data).model_validate(self.run_data().model_dump())
+            except ValidationError as e:
+                raise FieldError("data.seed", f"'run' (this run's seed, {self.seed}): {e.errors()[0]['msg']}") from None
         n = self.data.num_clients
         hp = self.algorithm
         if hp.clients_per_round is not None and hp.participation_rate is not None:
@@ -240,6 +245,11 @@ class ExperimentConfig(StrictModel):
 
     def eval_rounds(self) -> set[int]:
         return {0, self.rounds} | set(range(self.eval_every, self.rounds + 1, self.eval_every))
+
+    def run_data(self) -> DataConfig:
+        """The data this run builds: ``data.seed: run`` resolved to the run's own seed (the split drawn again per
+        seed; the setting, which leaves the seed out, stays one across the seeds)."""
+        return self.data.model_copy(update={"seed": self.seed}) if self.data.seed == "run" else self.data
 
     def setting_key(self) -> str:
         """Identity of a hyperparameter setting: everything that changes the numbers, except the seed."""

@@ -42,7 +42,7 @@ class Engine:
         server and fresh client states."""
         from fedsweep.data import built_or_build
 
-        dataset = built_or_build(cfg.data)
+        dataset = built_or_build(cfg.run_data())
         self.cfg = cfg
         self.experiment += 1
         self.diverged = False

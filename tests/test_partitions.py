@@ -160,3 +160,23 @@ def test_shards_are_equal_label_sorted_blocks():
         assert len(labels) <= 2 and all(v % 300 == 0 for v in labels.values())
     assert same(parts, P.shards(TRAIN, 10, 2, rng()))
     assert not same(parts, P.shards(TRAIN, 10, 2, rng(1)))
+
+
+def test_data_seed_run_draws_the_split_again_for_each_run_seed_and_keeps_one_setting():
+    """``data.seed: run`` (issue 37's ablation: the split re-drawn per seed): each run builds its data with its own
+    seed, as ``data.seed: <that seed>`` would; the setting (what the table groups seeds by) stays one."""
+    import numpy as np
+
+    from fedsweep.data import build_federated_dataset
+    from fedsweep.loading import validate
+    from tests.conftest import config_dict
+
+    def counts(cfg):
+        return [np.bincount(c.y_train.numpy(), minlength=10).tolist() for c in build_federated_dataset(cfg.run_data()).clients]
+
+    data = {"dataset": "digits", "num_clients": 4, "partition": {"name": "dirichlet", "concentration": 0.5}}
+    runs = [validate(config_dict(seed=s, data={**data, "seed": "run"})) for s in (0, 1)]
+    fixed = [validate(config_dict(seed=s, data={**data, "seed": s})) for s in (0, 1)]
+    assert runs[0].setting_key() == runs[1].setting_key() and fixed[0].setting_key() != fixed[1].setting_key()
+    assert [counts(c) for c in runs] == [counts(c) for c in fixed] and counts(runs[0]) != counts(runs[1])
+    assert validate(config_dict(seed=1, data=data)).run_data().seed == 0  # a fixed seed stays what it is

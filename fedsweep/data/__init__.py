@@ -34,6 +34,8 @@ _SMALLER_SPLIT_FIX = {
 }
 
 
+#: ``data.seed``: a seed, or "run" (the run's own seed: :meth:`fedsweep.config.ExperimentConfig.run_data`).
+DataSeed = Annotated[int, Field(ge=0)] | Literal["run"]
 #: ``data.validation_fraction`` of every dataset: what :func:`build_federated_dataset` holds out.
 ValidationFraction = Annotated[float, Field(
     ge=0, lt=1,
@@ -160,7 +162,8 @@ class SyntheticConfig(StrictModel):
     )
     test_fraction: float = Field(0.25, gt=0, lt=1)
     validation_fraction: ValidationFraction = 0.0
-    seed: int = Field(0, ge=0, description="Seed of the data itself; fixed across the experiment's seeds.")
+    seed: DataSeed = Field(0, description="Seed of the data itself: fixed across the experiment's seeds, or 'run': each "
+                           "run's own seed (the data drawn again per seed; the setting stays one).")
 
     @model_validator(mode="after")
     def _sizes(self):
@@ -183,7 +186,8 @@ class DigitsConfig(StrictModel):
     partition: PartitionConfig = Field(default_factory=LabelSkewPartition)
     test_fraction: float = Field(0.25, gt=0, lt=1)
     validation_fraction: ValidationFraction = 0.0
-    seed: int = Field(0, ge=0, description="Seed of the split; fixed across the experiment's seeds.")
+    seed: DataSeed = Field(0, description="Seed of the split: fixed across the experiment's seeds, or 'run': each run's "
+                           "own seed (the split drawn again per seed; the setting stays one).")
 
     @model_validator(mode="after")
     def _feasible(self):
@@ -194,6 +198,8 @@ class DigitsConfig(StrictModel):
             )
         if problem := _pool_too_small("digits", self.num_clients):
             raise problem
+        if self.seed == "run":  # the split depends on the run's seed: checked with it (ExperimentConfig.run_data)
+            return self
         sizes = [len(p) for p in _split_pooled(self, _digits()[1])]
         if min(sizes) < 2:
             raise empty_client_problem(self.partition.name, "digits", sizes.index(min(sizes)), min(sizes))
@@ -215,7 +221,8 @@ class ImageConfig(StrictModel):
     partition: ImagePartitionConfig = Field(default_factory=IIDPartition)
     test_fraction: float = Field(0.25, gt=0, lt=1)
     validation_fraction: ValidationFraction = 0.0
-    seed: int = Field(0, ge=0, description="Seed of the split; fixed across the experiment's seeds.")
+    seed: DataSeed = Field(0, description="Seed of the split: fixed across the experiment's seeds, or 'run': each run's "
+                           "own seed (the split drawn again per seed; the setting stays one).")
     input_scaling: Literal["unit_interval", "standardized"] = Field(
         "unit_interval",
         description="Pixels as x/255 ('unit_interval'), or per pixel (x − μ)/(σ + 0.001) with μ, σ over all "
