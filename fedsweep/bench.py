@@ -281,6 +281,29 @@ def bench_table(final: pd.DataFrame, chosen: dict[str, dict[int, str | None]], t
     return table, runs
 
 
+def compact_markdown(tables: dict[int, pd.DataFrame], metric: str) -> str:
+    """The cell's table for docs/benchmark.md: each method's row at the full budget (its drawn values, the
+    metric, its 10th percentile and worst client, the global model's, transmissions), beside the metric and the
+    rank its smaller-budget choices got. Percent, mean ± 95% CI; "—" where a method has no global model."""
+    from fedsweep.table import _pm
+
+    budgets = sorted(tables, reverse=True)
+    full = tables[budgets[0]]
+    head = ["rank", "method", f"chosen setting (budget {budgets[0]})", "personalized (%)", "10th pct. (%)", "worst client (%)",
+            "global model (%)", "transmissions"] + [x for b in budgets[1:] for x in (f"budget {b}: personalized (%)", "rank")]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    ranks = {b: tables[b].set_index("algorithm")[f"{metric} mean"].rank(ascending=False, method="min") for b in budgets[1:]}
+    for i, r in full.iterrows():
+        cells = [str(i + 1), r["algorithm"], r["best setting"]]
+        cells += [_pm(r[f"{m} mean"], r[f"{m} ci95"], True) for m in (metric, *BENCH_METRICS[1:4])]
+        cells.append(f"{r['transmissions mean']:.0f}")
+        for b in budgets[1:]:
+            row = tables[b].set_index("algorithm").loc[r["algorithm"]]
+            cells += [_pm(row[f"{metric} mean"], row[f"{metric} ci95"], True), str(int(ranks[b][r["algorithm"]]))]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def read_state(folder: Path) -> dict[str, Any]:
     path = folder / STATE
     return json.loads(path.read_text()) if path.exists() else {}

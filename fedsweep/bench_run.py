@@ -5,7 +5,7 @@ The tuning sweep of the methods without a choice yet, then the final sweep of th
 ``<output>/<name>/bench_state.json`` records what has finished: ``--resume`` skips what finished and resumes an
 interrupted sweep where Tune left it. The benchmark's
 files (per budget: ``table_b<N>.md|csv``, ``final_runs_b<N>.csv`` with its ``.tags.json``, ``ranking_b<N>.png``;
-``accuracy_vs_transmissions.png``) land in that folder and under ``bench/`` of the benchmark's run.
+``accuracy_vs_transmissions.png``; ``compact.md``, the budgets side by side) land in that folder and under ``bench/`` of the benchmark's run.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from fedsweep.bench import Bench, bench_table, chosen_settings, read_state, write_state
+from fedsweep.bench import Bench, bench_table, chosen_settings, compact_markdown, read_state, write_state
 from fedsweep.config import ConfigError, Sweep
 from fedsweep.table import load_runs, save_runs, to_markdown
 from fedsweep.tracking import PARENT_TAG, TAG_PREFIX, client, ensure_experiment, resolve_tracking_uri
@@ -122,6 +122,7 @@ def write_tables(bench: Bench, state: dict[str, Any], uri: str, folder: Path) ->
         if budget == bench.budgets[0]:
             (folder / "accuracy_vs_transmissions.png").write_bytes(transmissions_figure(runs, settings.metric, bench.name))
     if tables:
+        (folder / "compact.md").write_text(compact_markdown(tables, settings.metric) + "\n")
         client(uri).log_artifacts(state["run_id"], str(folder), "bench")
     return tables
 

@@ -80,6 +80,8 @@ def test_a_two_method_benchmark_tunes_equally_selects_on_validation_and_merges(r
         table = pd.read_csv(out / name / "table_b3.csv")
         assert sorted(table["algorithm"]) == ["fedavg", "local"] and set(table["seeds"]) == {2}
         assert (out / name / "ranking_b3.png").stat().st_size > 0 and (out / name / "table_b1.md").exists()
+        compact = (out / name / "compact.md").read_text().splitlines()
+        assert len(compact) == 2 + 2 and compact[0].startswith("| rank | method | chosen setting (budget 3) |")
     merged = pd.read_csv(out / "summary.csv")
     assert sorted(merged["algorithm"]) == ["fedavg", "local"]  # one row per method
     assert [c for c in merged.columns if c.endswith(" mean")] == ["skew mean", "dirichlet mean"]  # one column per dataset
