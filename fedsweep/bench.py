@@ -244,6 +244,14 @@ def choose(runs: pd.DataFrame, metric: str, mode: str, budget: int) -> str | Non
     return str(means.idxmax() if mode == "max" else means.idxmin())
 
 
+def missing_runs(runs: pd.DataFrame, settings: list[str], seeds: list[int]) -> int:
+    """How many of the runs a phase owes (each of ``settings`` on each of ``seeds``) are not among ``runs`` (the
+    phase's finished or diverged runs): a sweep stopped before its end (Ctrl-C, a lost driver) returns without
+    errors, and a choice among the runs it has would not be the budget's."""
+    have = set(zip(runs["setting"], runs["seed"].astype(int))) if len(runs) else set()
+    return sum((s, int(seed)) not in have for s in settings for seed in seeds)
+
+
 def chosen_settings(bench: Bench, runs: pd.DataFrame, keys: list[str]) -> dict[str, dict[int, str | None]]:
     """Method -> budget -> the setting that budget chooses, from the tuning sweep's runs."""
     settings = next(iter(bench.tunes.values())).settings

@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from fedsweep.bench import Bench, bench_table, chosen_settings, compact_markdown, read_state, write_state
+from fedsweep.bench import Bench, bench_table, chosen_settings, compact_markdown, missing_runs, read_state, write_state
 from fedsweep.config import ConfigError, Sweep
 from fedsweep.table import load_runs, save_runs, to_markdown
 from fedsweep.tracking import PARENT_TAG, TAG_PREFIX, client, ensure_experiment, resolve_tracking_uri
@@ -65,6 +65,11 @@ def run_bench(bench: Bench, output: str | Path, resume: bool = False, verbose: i
             print(f"[bench {bench.name}] {out['errors']} tuning trial(s) failed; --resume reruns them", file=sys.stderr)
             return folder, 1
         runs, _ = load_runs(uri, experiment, out["parent_run_id"])
+        owed = [s for s, k in bench.owner().items() if k in pending]
+        if missing := missing_runs(runs, owed, bench.sweep_section["seeds"]):
+            print(f"[bench {bench.name}] the tuning sweep stopped with {missing} of {len(owed) * len(bench.sweep_section['seeds'])} "
+                  "runs missing; nothing chosen; --resume goes on with it", file=sys.stderr)
+            return folder, 1
         method = runs["setting"].map(bench.owner())
         for key, chosen in chosen_settings(bench, runs, pending).items():
             mine = runs[method == key]
@@ -76,8 +81,11 @@ def run_bench(bench: Bench, output: str | Path, resume: bool = False, verbose: i
         sweep = bench.final_sweep(list(sections.values()))
         print(f"[bench {bench.name}] final runs of {len(pending)} method(s): {sweep.describe()}", flush=True)
         out = _run(sweep, resume, state["run_id"], verbose)
-        if out["errors"]:
-            print(f"[bench {bench.name}] {out['errors']} final trial(s) failed; --resume reruns them", file=sys.stderr)
+        final, _ = load_runs(uri, experiment, out["parent_run_id"])
+        if out["errors"] or (missing := missing_runs(final, list(sections), bench.settings.final_seeds)):
+            print(f"[bench {bench.name}] the final sweep did not finish ({out['errors']} trial(s) failed, "
+                  f"{missing_runs(final, list(sections), bench.settings.final_seeds)} run(s) missing); --resume goes on with it",
+                  file=sys.stderr)
             failed += 1
         else:
             for key in pending:

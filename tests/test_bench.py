@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from fedsweep.bench import choose, load_bench
+from fedsweep.bench import choose, load_bench, missing_runs
 from fedsweep.cli import main
 from fedsweep.config import ConfigError
 from fedsweep.table import load_runs
@@ -59,6 +59,10 @@ def test_a_two_method_benchmark_tunes_equally_selects_on_validation_and_merges(r
         assert len(tune_run) == len(final_run) == 1  # one tuning sweep and one final sweep for the methods
         tuning_all, _ = load_runs(tracking_uri, "bench-test", tune_run.pop())
         final_all, _ = load_runs(tracking_uri, "bench-test", final_run.pop())
+        # a sweep stopped before its end returns without errors: the runs it owes are counted, not assumed
+        owed = list(tuning_all["setting"].unique())
+        assert missing_runs(tuning_all, owed, [0]) == 0 and missing_runs(tuning_all.iloc[1:], owed, [0]) == 1
+        assert missing_runs(final_all, list(final_all["setting"].unique()), [1, 2, 3]) == final_all["setting"].nunique()
         for key, entry in state["methods"].items():
             tuning = tuning_all[tuning_all["algorithm"] == key]
             final = final_all[final_all["algorithm"] == key]
