@@ -180,6 +180,10 @@ def load_bench(path: str | Path, check_cluster: bool = True, only: list[str] | N
             problems += e.problems
     seen: dict[str, str] = {}
     for key, sweep in bench.tunes.items():
+        if (distinct := len(bench.drawn(key))) < sweep.settings.num_samples:  # a small space draws a setting again
+            problems.append(f"{settings.methods}: methods.{key}: its space gave {distinct} distinct setting(s) in "
+                            f"{sweep.settings.num_samples} draws, so its budget would be smaller than the others'; allowed: "
+                            "a space with more settings than sweep.num_samples (e.g. a continuous distribution)")
         for t in sweep.trials:
             if seen.setdefault(t.config.setting_key(), key) != key:
                 problems.append(f"{file}: methods {seen[t.config.setting_key()]} and {key} of {settings.methods} draw the same "

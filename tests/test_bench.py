@@ -128,6 +128,10 @@ def test_a_benchmark_file_that_would_give_unequal_budgets_is_refused_before_anyt
     assert "bench.final_seeds: [0] also tune (sweep.seeds)" in text
     assert "bench.budgets: [3]; allowed: integers from 1 to sweep.num_samples - 1 (2)" in text
 
+    # a space too small for the budget draws a setting twice: a smaller budget than the others'
+    (tmp_path / "methods.yaml").write_text(yaml.safe_dump({"methods": {"fedprox": {"name": "fedprox", "mu": {"choice": [0.01]}}}}))
+    assert "methods.fedprox: its space gave 1 distinct setting(s) in 3 draws" in problems(bench_file(tmp_path, "small", {"name": "iid"}))
+
     raw = yaml.safe_load(Path(path).read_text())
     raw["sweep"].update(search="optuna", select_on="test", scheduler={"asha": {"grace_rounds": 1}})
     raw["algorithm"] = {"name": "fedavg"}
