@@ -45,9 +45,10 @@ from fedsweep.search import distributions
 
 STATE = "bench_state.json"
 #: The metrics of a benchmark table: the ranked one first, then fairness (10th percentile, worst client), the
-#: global model's, the floats moved (in models) and a final run's wall time.
+#: global model's, the floats moved (in models), a final run's wall time, and the clients held out of training
+#: (``unseen_fraction``), scored with the method's own personalization.
 BENCH_METRICS = ("personalized_accuracy_mean", "personalized_accuracy_p10", "personalized_accuracy_worst", "global_accuracy",
-                 "transmissions", "wall_time_s")
+                 "transmissions", "wall_time_s", "unseen_personalized_accuracy_mean")
 
 
 class BenchSettings(StrictModel):
@@ -295,20 +296,23 @@ def bench_table(final: pd.DataFrame, chosen: dict[str, dict[int, str | None]], t
 
 def compact_markdown(tables: dict[int, pd.DataFrame], metric: str) -> str:
     """The cell's table for docs/benchmark.md: each method's row at the full budget (its drawn values, the
-    metric, its 10th percentile and worst client, the global model's, transmissions), beside the metric and the
-    rank its smaller-budget choices got. Percent, mean ± 95% CI; "—" where a method has no global model."""
+    metric, its 10th percentile and worst client, the global model's, transmissions, the unseen clients' score
+    when some were held out), beside the metric and the rank its smaller-budget choices got. Percent, mean ± 95% CI; "—" where a method has no global model."""
     from fedsweep.table import _pm
 
     budgets = sorted(tables, reverse=True)
     full = tables[budgets[0]]
+    unseen = f"{BENCH_METRICS[-1]} mean" in full.columns
     head = ["rank", "method", f"chosen setting (budget {budgets[0]})", "personalized (%)", "10th pct. (%)", "worst client (%)",
-            "global model (%)", "transmissions"] + [x for b in budgets[1:] for x in (f"budget {b}: personalized (%)", "rank")]
+            "global model (%)", "transmissions"] + (["unseen clients (%)"] if unseen else []) + [
+            x for b in budgets[1:] for x in (f"budget {b}: personalized (%)", "rank")]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     ranks = {b: tables[b].set_index("algorithm")[f"{metric} mean"].rank(ascending=False, method="min") for b in budgets[1:]}
     for i, r in full.iterrows():
         cells = [str(i + 1), r["algorithm"], r["best setting"]]
         cells += [_pm(r[f"{m} mean"], r[f"{m} ci95"], True) for m in (metric, *BENCH_METRICS[1:4])]
         cells.append(f"{r['transmissions mean']:.0f}")
+        cells += [_pm(r[f"{BENCH_METRICS[-1]} mean"], r[f"{BENCH_METRICS[-1]} ci95"], True)] if unseen else []
         for b in budgets[1:]:
             row = tables[b].set_index("algorithm").loc[r["algorithm"]]
             cells += [_pm(row[f"{metric} mean"], row[f"{metric} ci95"], True), str(int(ranks[b][r["algorithm"]]))]
