@@ -30,7 +30,7 @@ one sweep against each other, so one method's trials would be stopped for anothe
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ import pandas as pd
 from pydantic import Field, ValidationError
 
 from fedsweep.checks import check_before_start
-from fedsweep.config import ConfigError, Seed, Sweep
+from fedsweep.config import ConfigError, Seed, Sweep, Trial
 from fedsweep.loading import _format_errors, _short, _where, flatten_grids, read_yaml, sweep_from
 from fedsweep.schema import StrictModel
 from fedsweep.search import distributions
@@ -109,7 +109,15 @@ class Bench:
         section = {k: v for k, v in self.sweep_section.items() if k not in ("search", "num_samples", "search_seed")}
         section.update(name=f"{self.name}-{phase}", seeds=seeds)
         raw = {**self.body, "algorithm": {"grid": sections} if len(sections) > 1 else sections[0], "sweep": section}
-        return _sweep(raw, f"{self.path} [{phase} sweep]")
+        sweep = _sweep(raw, f"{self.path} [{phase} sweep]")
+        owner = self.owner()
+
+        def named(t: Trial) -> Trial:  # by its method and drawn values, not the whole section its grid point is
+            key, drawn = owner[t.config.setting_key()], t.config.algorithm.model_dump(mode="json")
+            return replace(t, overrides={"method": key, **{f"algorithm.{written}": drawn[field] for written, field in self.tuned(key)},
+                                         "seed": t.config.seed})
+
+        return replace(sweep, trials=[named(t) for t in sweep.trials])
 
     def tune_sweep(self, keys: list[str]) -> Sweep:
         return self.phase("tune", [s for key in keys for s in self.drawn(key)], self.sweep_section["seeds"])
