@@ -30,7 +30,7 @@ one sweep against each other, so one method's trials would be stopped for anothe
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,16 +38,17 @@ import pandas as pd
 from pydantic import Field, ValidationError
 
 from fedsweep.checks import check_before_start
-from fedsweep.config import ConfigError, Seed, Sweep
+from fedsweep.config import ConfigError, Seed, Sweep, Trial
 from fedsweep.loading import _format_errors, _short, _where, flatten_grids, read_yaml, sweep_from
 from fedsweep.schema import StrictModel
 from fedsweep.search import distributions
 
 STATE = "bench_state.json"
 #: The metrics of a benchmark table: the ranked one first, then fairness (10th percentile, worst client), the
-#: global model's, the floats moved (in models) and a final run's wall time.
+#: global model's, the floats moved (in models), a final run's wall time, and the clients held out of training
+#: (``unseen_fraction``), scored with the method's own personalization.
 BENCH_METRICS = ("personalized_accuracy_mean", "personalized_accuracy_p10", "personalized_accuracy_worst", "global_accuracy",
-                 "transmissions", "wall_time_s")
+                 "transmissions", "wall_time_s", "unseen_personalized_accuracy_mean")
 
 
 class BenchSettings(StrictModel):
@@ -108,7 +109,15 @@ class Bench:
         section = {k: v for k, v in self.sweep_section.items() if k not in ("search", "num_samples", "search_seed")}
         section.update(name=f"{self.name}-{phase}", seeds=seeds)
         raw = {**self.body, "algorithm": {"grid": sections} if len(sections) > 1 else sections[0], "sweep": section}
-        return _sweep(raw, f"{self.path} [{phase} sweep]")
+        sweep = _sweep(raw, f"{self.path} [{phase} sweep]")
+        owner = self.owner()
+
+        def named(t: Trial) -> Trial:  # by its method and drawn values, not the whole section its grid point is
+            key, drawn = owner[t.config.setting_key()], t.config.algorithm.model_dump(mode="json")
+            return replace(t, overrides={"method": key, **{f"algorithm.{written}": drawn[field] for written, field in self.tuned(key)},
+                                         "seed": t.config.seed})
+
+        return replace(sweep, trials=[named(t) for t in sweep.trials])
 
     def tune_sweep(self, keys: list[str]) -> Sweep:
         return self.phase("tune", [s for key in keys for s in self.drawn(key)], self.sweep_section["seeds"])
@@ -295,20 +304,23 @@ def bench_table(final: pd.DataFrame, chosen: dict[str, dict[int, str | None]], t
 
 def compact_markdown(tables: dict[int, pd.DataFrame], metric: str) -> str:
     """The cell's table for docs/benchmark.md: each method's row at the full budget (its drawn values, the
-    metric, its 10th percentile and worst client, the global model's, transmissions), beside the metric and the
-    rank its smaller-budget choices got. Percent, mean ± 95% CI; "—" where a method has no global model."""
+    metric, its 10th percentile and worst client, the global model's, transmissions, the unseen clients' score
+    when some were held out), beside the metric and the rank its smaller-budget choices got. Percent, mean ± 95% CI; "—" where a method has no global model."""
     from fedsweep.table import _pm
 
     budgets = sorted(tables, reverse=True)
     full = tables[budgets[0]]
+    unseen = f"{BENCH_METRICS[-1]} mean" in full.columns
     head = ["rank", "method", f"chosen setting (budget {budgets[0]})", "personalized (%)", "10th pct. (%)", "worst client (%)",
-            "global model (%)", "transmissions"] + [x for b in budgets[1:] for x in (f"budget {b}: personalized (%)", "rank")]
+            "global model (%)", "transmissions"] + (["unseen clients (%)"] if unseen else []) + [
+            x for b in budgets[1:] for x in (f"budget {b}: personalized (%)", "rank")]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     ranks = {b: tables[b].set_index("algorithm")[f"{metric} mean"].rank(ascending=False, method="min") for b in budgets[1:]}
     for i, r in full.iterrows():
         cells = [str(i + 1), r["algorithm"], r["best setting"]]
         cells += [_pm(r[f"{m} mean"], r[f"{m} ci95"], True) for m in (metric, *BENCH_METRICS[1:4])]
         cells.append(f"{r['transmissions mean']:.0f}")
+        cells += [_pm(r[f"{BENCH_METRICS[-1]} mean"], r[f"{BENCH_METRICS[-1]} ci95"], True)] if unseen else []
         for b in budgets[1:]:
             row = tables[b].set_index("algorithm").loc[r["algorithm"]]
             cells += [_pm(row[f"{metric} mean"], row[f"{metric} ci95"], True), str(int(ranks[b][r["algorithm"]]))]

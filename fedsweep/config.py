@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Union
@@ -196,6 +197,12 @@ class ExperimentConfig(StrictModel):
     algorithm: AlgorithmParams
     rounds: int = Field(50, ge=1)
     eval_every: int = Field(5, ge=1, description="Evaluate all clients every k rounds (and at round 0 and the last round).")
+    unseen_fraction: float = Field(
+        0.0, ge=0, lt=1,
+        description="Share of the clients held out of training (the last ⌈f·n⌉ ids): never sampled, scored at every "
+        "evaluation with the method's own evaluation-time personalization of what the server sends, as unseen_* "
+        "metrics (pFL-Bench's generalization to new clients); the other metrics are the trained clients'. 0 = none.",
+    )
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 
@@ -237,7 +244,19 @@ class ExperimentConfig(StrictModel):
                 "algorithm.clients_per_round", f"{hp.clients_per_round} samples more clients than exist "
                 f"(data.num_clients={n}); allowed: 1..{n}"
             )
+        trained = n - self.unseen_count()
+        if trained < 1:
+            raise FieldError("unseen_fraction", f"{self.unseen_fraction} holds out all {n} clients; allowed: a share that "
+                                                "leaves at least one client to train")
+        if hp.clients_per_round is not None and hp.clients_per_round > trained:
+            raise FieldError("algorithm.clients_per_round", f"{hp.clients_per_round} samples more clients than train "
+                                                            f"({trained} of {n}, unseen_fraction={self.unseen_fraction}); "
+                                                            f"allowed: 1..{trained}")
         return self
+
+    def unseen_count(self) -> int:
+        """Clients held out of training: ⌈unseen_fraction · n⌉, the last ids."""
+        return math.ceil(round(self.unseen_fraction * self.data.num_clients, 9))
 
     @property
     def num_clients(self) -> int:

@@ -233,9 +233,11 @@ class Server:
     """Global model, server state, client sampling, aggregation and transmission counts (floats sent each
     way, from the payloads and messages themselves); runs rounds against a :class:`Pool`."""
 
-    def __init__(self, setup: Setup, num_clients: int, eval_rounds: set[int]):
+    def __init__(self, setup: Setup, num_clients: int, eval_rounds: set[int], unseen: int = 0):
         self.seed = setup.seed
         self.num_clients = num_clients
+        #: Clients 0..trained−1 train; the last ``unseen`` are never sampled, only scored (``unseen_*`` metrics).
+        self.trained = num_clients - unseen
         model = setup.flat_model()
         self.algorithm = setup.algorithm_on(model)
         self.model_floats = model.numel
@@ -251,7 +253,7 @@ class Server:
     @classmethod
     def of(cls, cfg: Any, num_features: int, num_classes: int) -> Server:
         """The server of :class:`~fedsweep.config.ExperimentConfig` ``cfg``."""
-        return cls(Setup.of(cfg, num_features, num_classes), cfg.num_clients, cfg.eval_rounds())
+        return cls(Setup.of(cfg, num_features, num_classes), cfg.num_clients, cfg.eval_rounds(), cfg.unseen_count())
 
     def checkpoint(self, pool: Pool, rnd: int) -> dict:
         """Everything round ``rnd + 1`` depends on: global vector, server state, counters, every client's
@@ -277,10 +279,11 @@ class Server:
         return int(checkpoint["round"]) + 1
 
     def sample(self, rnd: int) -> list[int]:
-        """⌈r·n⌉ (or ``clients_per_round``) distinct clients, uniformly, from a per-round seeded RNG."""
-        k = self.algorithm.hp.sampled_count(self.num_clients)
+        """⌈r·n⌉ (or ``clients_per_round``) distinct clients, uniformly, from a per-round seeded RNG; n counts the
+        clients that train (all of them unless some are held out as unseen)."""
+        k = self.algorithm.hp.sampled_count(self.trained)
         rng = np.random.default_rng(stream_seed(self.seed, rnd, _SAMPLE))
-        return sorted(int(i) for i in rng.choice(self.num_clients, size=k, replace=False))
+        return sorted(int(i) for i in rng.choice(self.trained, size=k, replace=False))
 
     def payloads(self, client_ids: list[int]) -> dict[int, Payload]:
         """Each client's payload: the shared part (one array object for all) merged with its own part."""
@@ -301,7 +304,7 @@ class Server:
         leaves the global model as it was when none answered.
         """
         sampled = self.sample(rnd)
-        plan = self.algorithm.plan_round(sampled, self.num_clients)
+        plan = self.algorithm.plan_round(sampled, self.trained)
         payloads = self.payloads(plan.train)
         replies = sorted(pool.train(payloads, rnd), key=lambda m: m.client_id)
         chosen = set(plan.aggregate)
@@ -312,7 +315,7 @@ class Server:
         self.floats_up += sum(floats(m.payload) for m in messages)
         stats = [m.payload.pop(STATS) for m in messages if STATS in m.payload]
         if messages:
-            self.params, self.state = self.algorithm.server_update(self.params, messages, self.state, self.num_clients)
+            self.params, self.state = self.algorithm.server_update(self.params, messages, self.state, self.trained)
         if stats:
             self.stats = weighted_average(stats, [float(m.num_samples) for m in messages])
         losses = [m.stats["local_train_loss"] for m in replies if "local_train_loss" in m.stats]
@@ -329,7 +332,10 @@ class Server:
                        key=lambda e: e.client_id)
         if evals:
             self.last_evals = evals
-        return {**(summarize(evals) if evals else {}), "clients_evaluated": float(len(evals))}
+        trained = [e for e in evals if e.client_id < self.trained]
+        unseen = [e for e in evals if e.client_id >= self.trained]
+        return {**(summarize(trained) if trained else {}), "clients_evaluated": float(len(evals)),
+                **({f"unseen_{k}": v for k, v in summarize(unseen).items()} if unseen else {})}
 
     def transmissions(self) -> dict[str, float]:
         """Floats sent each way, and in models (floats / model size, the papers' unit): ``uploads``,

@@ -30,6 +30,7 @@ def bench_file(folder, name: str, partition: dict, **bench) -> str:
         "model": {"name": "mlp", "hidden": [8]},
         "rounds": 2,
         "eval_every": 1,
+        "unseen_fraction": 0.25,  # client 3 never trains: the table's unseen column
         "tracking": {"experiment": "bench-test"},
         "sweep": {"name": name, "search": "random", "num_samples": 3, "seeds": [0], "select_on": "validation",
                   "max_concurrent_trials": 2, "storage_path": str(folder / "ray_results")},
@@ -86,6 +87,7 @@ def test_a_two_method_benchmark_tunes_equally_selects_on_validation_and_merges(r
         assert (out / name / "ranking_b3.png").stat().st_size > 0 and (out / name / "table_b1.md").exists()
         compact = (out / name / "compact.md").read_text().splitlines()
         assert len(compact) == 2 + 2 and compact[0].startswith("| rank | method | chosen setting (budget 3) |")
+        assert "| unseen clients (%) |" in compact[0] and table["unseen_personalized_accuracy_mean mean"].notna().all()
     merged = pd.read_csv(out / "summary.csv")
     assert sorted(merged["algorithm"]) == ["fedavg", "local"]  # one row per method
     assert [c for c in merged.columns if c.endswith(" mean")] == ["skew mean", "dirichlet mean"]  # one column per dataset

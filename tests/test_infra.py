@@ -98,6 +98,8 @@ def test_the_cpu_check_of_the_cluster_grid_differs_from_it_only_where_it_says():
     # the Per-FedAvg MNIST ablation (issue 37), one change a file
     ("perfedavg_table1_mnist_standardized", "perfedavg_table1_mnist", {("data", "input_scaling"): "standardized"}),
     ("perfedavg_table1_mnist_split_per_seed", "perfedavg_table1_mnist", {("data", "seed"): "run"}),
+    # pFedMe's MNIST over the complete dataset, as its Sec. 5.1 says (issue 37)
+    ("pfedme_table1_mnist_whole_dataset", "pfedme_table1_mnist", {("data", "partition", "whole_dataset"): True}),
 ])
 def test_a_variant_of_a_protocol_file_differs_from_it_only_where_it_says(variant, protocol, changed):
     first = yaml.safe_load((ROOT / "sweeps" / f"{protocol}.yaml").read_text())

@@ -180,3 +180,49 @@ def test_data_seed_run_draws_the_split_again_for_each_run_seed_and_keeps_one_set
     assert runs[0].setting_key() == runs[1].setting_key() and fixed[0].setting_key() != fixed[1].setting_key()
     assert [counts(c) for c in runs] == [counts(c) for c in fixed] and counts(runs[0]) != counts(runs[1])
     assert validate(config_dict(seed=1, data=data)).run_data().seed == 0  # a fixed seed stays what it is
+
+
+def test_fit_sizes_keeps_the_bounds_and_the_total():
+    import numpy as np
+
+    from fedsweep.data.partitions import fit_sizes
+
+    draws = np.array([1200, 3800, 2500, 3000])
+    sizes = fit_sizes(draws, 11_000, 1165, 3834)
+    assert sizes.sum() == 11_000 and sizes.min() >= 1165 and sizes.max() <= 3834
+    assert sizes[1] == 3834  # scaled past the top, so set to it; the others share the rest in their proportions
+    free = sizes[[0, 2, 3]] / draws[[0, 2, 3]]
+    assert free.max() - free.min() < 0.01
+    assert list(fit_sizes(np.array([1, 1]), 10, 0, 10)) == [5, 5]
+    with pytest.raises(ValueError, match="cannot hold 100 samples"):
+        fit_sizes(draws, 100, 1165, 3834)
+
+
+def test_pfedme_mnist_whole_dataset_deals_every_image_within_the_paper_s_sizes():
+    """Seed 004, Sec. 5.1: 'we distribute the complete dataset to N = 20 clients', sizes in [1165, 3834], 2 labels
+    each. With MNIST's class sizes (6,313-7,877), each label pair's 4 users share all of its images."""
+    import numpy as np
+
+    from fedsweep.data.partitions import pfedme_mnist
+
+    counts = [6903, 7877, 6990, 7141, 6824, 6313, 6876, 7293, 6825, 6958]  # MNIST's 70,000, train and test pooled
+    labels = np.repeat(np.arange(10), counts)
+    parts = pfedme_mnist(labels, 20, 2, 1165, 3834, np.random.default_rng(0), "blocks", whole_dataset=True)
+    every = np.concatenate(parts)
+    assert len(every) == 70_000 and len(np.unique(every)) == 70_000  # every image, once
+    sizes = np.array([len(p) for p in parts])
+    assert sizes.min() >= 1165 - 1 and sizes.max() <= 3834 + 1  # a user's size: its target give or take k − 1
+    for i, p in enumerate(parts):
+        assert set(labels[p]) == {2 * (i % 5), 2 * (i % 5) + 1}
+    drawn_alone = pfedme_mnist(labels, 20, 2, 1165, 3834, np.random.default_rng(0), "blocks")
+    assert sum(len(p) for p in drawn_alone) < 60_000  # what the split without it uses
+
+
+def test_whole_dataset_needs_disjoint_label_blocks():
+    from fedsweep.config import ConfigError
+    from fedsweep.loading import validate
+    from tests.conftest import config_dict
+
+    partition = {"name": "pfedme_mnist", "whole_dataset": True, "label_assignment": "chain"}
+    with pytest.raises(ConfigError, match="data.partition.whole_dataset: true needs label_assignment: blocks"):
+        validate(config_dict(data={"_replace": True, "dataset": "mnist", "num_clients": 20, "partition": partition}))

@@ -169,6 +169,7 @@ def pfedme_mnist(
     max_samples: int,
     rng: np.random.Generator,
     label_assignment: str = "blocks",
+    whole_dataset: bool = False,
 ) -> list[np.ndarray]:
     """pFedMe's MNIST split (Dinh et al. 2020, Sec. 5): over the pooled train and test images, user i
     holds ``labels_per_client`` = k consecutive labels and a total size drawn uniformly from
@@ -178,11 +179,19 @@ def pfedme_mnist(
     Where user i's labels start (the paper does not say): ``blocks`` at (i·k) mod C, so that with k = 2
     the users form five disjoint pairs {0,1}, {2,3}, …; ``chain`` at i mod C, as the authors' generator
     (``data/Mnist/generate_niid_20users.py``) does: overlapping pairs {0,1}, {1,2}, …, {9,0}.
+
+    ``whole_dataset`` (the paper: "we distribute the complete dataset to N = 20 clients", with sizes in
+    [1165, 3834]): every image is dealt. The users of each label block share all of its images: their sizes are
+    drawn as above, then scaled to the block's total within [min, max] (:func:`fit_sizes`), and each of the
+    block's classes is split among them in proportion to those sizes, so that a user's size is its target
+    give or take k − 1. Blocks only (the chain's blocks overlap).
     """
     classes = np.unique(labels)
     if labels_per_client > len(classes):
         raise ValueError(f"labels_per_client={labels_per_client} exceeds the {len(classes)} classes")
     pools = _class_pools(labels, rng)
+    if whole_dataset:
+        return _pfedme_whole(labels, classes, num_clients, labels_per_client, min_samples, max_samples, rng, pools)
     out = []
     for i in range(num_clients):
         size = int(rng.integers(min_samples, max_samples + 1))
@@ -192,6 +201,57 @@ def pfedme_mnist(
         out.append(np.sort(np.concatenate([_draw(pools, c, k, f"data.partition: the pfedme_mnist split, user {i}",
                                                           "smaller users (min_samples, max_samples)") for c, k in zip(mine, counts)])))
     return out
+
+
+def fit_sizes(draws: np.ndarray, total: int, low: int, high: int) -> np.ndarray:
+    """Integer sizes in [low, high] summing to ``total``, in the draws' proportions as far as the bounds allow:
+    the draws are scaled to the total, those past a bound are set to it, the rest scaled again, until none is
+    past; then rounded by largest remainders."""
+    n = len(draws)
+    if not n * low <= total <= n * high:
+        raise ValueError(f"{n} users cannot hold {total} samples between {low} and {high} each")
+    sizes, fixed = draws.astype(float), np.zeros(n, bool)
+    while True:
+        free = ~fixed
+        sizes[free] = draws[free] * (total - sizes[fixed].sum()) / draws[free].sum()
+        past = free & ((sizes > high) | (sizes < low))
+        if not past.any():
+            break
+        sizes[past], fixed = np.clip(sizes[past], low, high), fixed | past
+    return _largest_remainder(sizes, total)
+
+
+def _largest_remainder(values: np.ndarray, total: int) -> np.ndarray:
+    """Integers summing to ``total``: the floors, plus one for the largest fractional parts."""
+    out = np.floor(values).astype(np.int64)
+    out[np.argsort(-(values - out), kind="stable")[: total - int(out.sum())]] += 1
+    return out
+
+
+def _pfedme_whole(labels: np.ndarray, classes: np.ndarray, num_clients: int, k: int, low: int, high: int,
+                  rng: np.random.Generator, pools: dict[int, list[int]]) -> list[np.ndarray]:
+    """:func:`pfedme_mnist` with ``whole_dataset``: each label block's images shared by its users."""
+    blocks = len(classes) // k
+    if len(classes) % k or num_clients < blocks:
+        raise ValueError(f"the whole dataset is dealt in disjoint blocks of labels_per_client={k} labels: it needs k to "
+                         f"divide the {len(classes)} classes and at least {len(classes) // max(k, 1)} users; allowed: such "
+                         "values, or whole_dataset: false")
+    targets = np.array([int(rng.integers(low, high + 1)) for _ in range(num_clients)])
+    parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    for b in range(blocks):
+        users = [i for i in range(num_clients) if i % blocks == b]
+        mine = [int(c) for c in classes[b * k:(b + 1) * k]]
+        total = sum(len(pools[c]) for c in mine)
+        try:
+            sizes = fit_sizes(targets[users], total, low, high)
+        except ValueError as e:
+            raise ValueError(f"data.partition: the pfedme_mnist split, labels {mine}: {e}; allowed: min_samples and "
+                             "max_samples around (block's images / its users), or whole_dataset: false") from None
+        for c in mine:
+            counts = _largest_remainder(sizes * len(pools[c]) / total, len(pools[c]))
+            for u, count in zip(users, counts):
+                parts[u].append(_draw(pools, c, int(count), "data.partition: the pfedme_mnist split", "smaller users"))
+    return [np.sort(np.concatenate(p)) for p in parts]
 
 
 def dirichlet_proportions(num_classes: int, num_clients: int, concentration: float, rng: np.random.Generator) -> np.ndarray:
