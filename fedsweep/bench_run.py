@@ -54,7 +54,12 @@ def run_bench(bench: Bench, output: str | Path, resume: bool = False, verbose: i
         c.log_text(state["run_id"], Path(bench.path).read_text(), "bench/benchmark.yaml")
     methods = state.setdefault("methods", {})
     for key in bench.tunes:
-        methods.setdefault(key, {})
+        drawn = sorted(t.config.setting_key() for t in bench.tunes[key].trials)
+        if methods.get(key, {}).get("settings", drawn) != drawn:  # the files changed since: its results are of another protocol
+            print(f"[bench {bench.name}] {key}: its settings changed since {folder} was written (a benchmark or methods file "
+                  "edited, or the code gave its algorithm a field): it runs again", file=sys.stderr)
+            methods[key] = {}
+        methods.setdefault(key, {})["settings"] = drawn
     write_state(folder, state)
     failed = 0
     if pending := [k for k in bench.tunes if "chosen" not in methods[k]]:

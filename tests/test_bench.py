@@ -108,6 +108,16 @@ def test_a_two_method_benchmark_tunes_equally_selects_on_validation_and_merges(r
     assert after == before
     assert main(["bench", a, "--output", str(out), "--quiet"]) == 2
 
+    # the protocol edited after its run (one more round): the folder's results are of another protocol, so
+    # --resume runs every method again instead of rewriting the tables from the old runs
+    raw = yaml.safe_load(Path(a).read_text())
+    raw["rounds"] = 3
+    Path(a).write_text(yaml.safe_dump(raw, sort_keys=False))
+    assert main(["bench", a, "--output", str(out), "--quiet", "--resume"]) == 0
+    state = json.loads((out / "skew" / "bench_state.json").read_text())
+    runs, _ = load_runs(tracking_uri, "bench-test", next(iter(state["methods"].values()))["final_run"])
+    assert set(runs["param:rounds"]) == {"3"}
+
 
 def problems(path) -> str:
     with pytest.raises(ConfigError) as err:
