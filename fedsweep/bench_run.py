@@ -55,7 +55,7 @@ def run_bench(bench: Bench, output: str | Path, resume: bool = False, verbose: i
     methods = state.setdefault("methods", {})
     for key in bench.tunes:
         drawn = sorted(t.config.setting_key() for t in bench.tunes[key].trials)
-        if methods.get(key, {}).get("settings", drawn) != drawn:  # the files changed since: its results are of another protocol
+        if methods.get(key) and methods[key].get("settings") != drawn:  # other files (or unrecorded): another protocol's
             print(f"[bench {bench.name}] {key}: its settings changed since {folder} was written (a benchmark or methods file "
                   "edited, or the code gave its algorithm a field): it runs again", file=sys.stderr)
             methods[key] = {}
