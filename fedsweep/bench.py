@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +61,8 @@ class BenchSettings(StrictModel):
 
 @dataclass
 class Bench:
-    """A benchmark file, read and validated: one tuning sweep per method, and what its final sweep needs."""
+    """A benchmark file, read and validated: each method's random search (``tunes``: its draws, checked as
+    `fedsweep sweep` checks them, never run as such), from which the tuning and final sweeps are composed."""
 
     path: str
     name: str
@@ -75,14 +77,19 @@ class Bench:
         """The full budget first, then the smaller ones."""
         return [self.tunes[next(iter(self.tunes))].settings.num_samples, *self.settings.budgets]
 
+    @cached_property
+    def sections(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """Method -> setting key (``fedsweep.setting``) -> its algorithm section, exactly, in the order drawn."""
+        return {key: {t.config.setting_key(): t.config.algorithm.model_dump(mode="json") for t in sweep.trials}
+                for key, sweep in self.tunes.items()}
+
     def owner(self) -> dict[str, str]:
-        """Setting key (``fedsweep.setting``) -> the method that drew it."""
-        return {t.config.setting_key(): key for key, sweep in self.tunes.items() for t in sweep.trials}
+        """Setting key -> the method that drew it."""
+        return {setting: key for key, by_setting in self.sections.items() for setting in by_setting}
 
     def drawn(self, key: str) -> list[dict[str, Any]]:
-        """Method ``key``'s settings in the order drawn: their algorithm sections, exactly."""
-        sections = {t.config.setting_key(): t.config.algorithm.model_dump(mode="json") for t in self.tunes[key].trials}
-        return list(sections.values())
+        """Method ``key``'s settings in the order drawn: their algorithm sections."""
+        return list(self.sections[key].values())
 
     def tuned(self, key: str) -> list[tuple[str, str]]:
         """The fields method ``key`` draws: (the name written in its space, its name in the algorithm's schema)."""
@@ -102,7 +109,7 @@ class Bench:
 
     def section(self, key: str, setting: str) -> dict[str, Any]:
         """The algorithm section of method ``key``'s drawn setting ``setting``."""
-        return next(t.config.algorithm.model_dump(mode="json") for t in self.tunes[key].trials if t.config.setting_key() == setting)
+        return self.sections[key][setting]
 
     def phase(self, phase: str, sections: list[dict[str, Any]], seeds: list[int]) -> Sweep:
         """The grid sweep of a phase: these algorithm sections, each on every seed."""
@@ -188,16 +195,14 @@ def load_bench(path: str | Path, check_cluster: bool = True, only: list[str] | N
         except ConfigError as e:
             problems += e.problems
     seen: dict[str, str] = {}
-    for key, sweep in bench.tunes.items():
-        if (distinct := len(bench.drawn(key))) < sweep.settings.num_samples:  # a small space draws a setting again
+    for key, by_setting in bench.sections.items():
+        if (distinct := len(by_setting)) < sweep_section["num_samples"]:  # a small space draws a setting again
             problems.append(f"{settings.methods}: methods.{key}: its space gave {distinct} distinct setting(s) in "
-                            f"{sweep.settings.num_samples} draws, so its budget would be smaller than the others'; allowed: "
+                            f"{sweep_section['num_samples']} draws, so its budget would be smaller than the others'; allowed: "
                             "a space with more settings than sweep.num_samples (e.g. a continuous distribution)")
-        for t in sweep.trials:
-            if seen.setdefault(t.config.setting_key(), key) != key:
-                problems.append(f"{file}: methods {seen[t.config.setting_key()]} and {key} of {settings.methods} draw the same "
-                                "setting; allowed: methods whose spaces differ")
-                break
+        if other := next((seen[s] for s in by_setting if seen.setdefault(s, key) != key), None):
+            problems.append(f"{file}: methods {other} and {key} of {settings.methods} draw the same setting; allowed: "
+                            "methods whose spaces differ")
     if problems:
         raise ConfigError(problems)
     if check_cluster:
@@ -305,7 +310,8 @@ def bench_table(final: pd.DataFrame, chosen: dict[str, dict[int, str | None]], t
 def compact_markdown(tables: dict[int, pd.DataFrame], metric: str) -> str:
     """The cell's table for docs/benchmark.md: each method's row at the full budget (its drawn values, the
     metric, its 10th percentile and worst client, the global model's, transmissions, the unseen clients' score
-    when some were held out), beside the metric and the rank its smaller-budget choices got. Percent, mean ± 95% CI; "—" where a method has no global model."""
+    when some were held out), beside the metric and the rank its smaller-budget choices got. Percent, mean ± 95%
+    CI; "—" where a method has no global model."""
     from fedsweep.table import _pm
 
     budgets = sorted(tables, reverse=True)
@@ -315,14 +321,16 @@ def compact_markdown(tables: dict[int, pd.DataFrame], metric: str) -> str:
             "global model (%)", "transmissions"] + (["unseen clients (%)"] if unseen else []) + [
             x for b in budgets[1:] for x in (f"budget {b}: personalized (%)", "rank")]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    ranks = {b: tables[b].set_index("algorithm")[f"{metric} mean"].rank(ascending=False, method="min") for b in budgets[1:]}
+    smaller = {b: tables[b].set_index("algorithm") for b in budgets[1:]}
+    ranks = {b: t[f"{metric} mean"].rank(ascending=tables[b].attrs.get("mode", "max") != "max", method="min")
+             for b, t in smaller.items()}
     for i, r in full.iterrows():
         cells = [str(i + 1), r["algorithm"], r["best setting"]]
         cells += [_pm(r[f"{m} mean"], r[f"{m} ci95"], True) for m in (metric, *BENCH_METRICS[1:4])]
         cells.append(f"{r['transmissions mean']:.0f}")
         cells += [_pm(r[f"{BENCH_METRICS[-1]} mean"], r[f"{BENCH_METRICS[-1]} ci95"], True)] if unseen else []
         for b in budgets[1:]:
-            row = tables[b].set_index("algorithm").loc[r["algorithm"]]
+            row = smaller[b].loc[r["algorithm"]]
             cells += [_pm(row[f"{metric} mean"], row[f"{metric} ci95"], True), str(int(ranks[b][r["algorithm"]]))]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

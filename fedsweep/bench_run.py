@@ -54,7 +54,7 @@ def run_bench(bench: Bench, output: str | Path, resume: bool = False, verbose: i
         c.log_text(state["run_id"], Path(bench.path).read_text(), "bench/benchmark.yaml")
     methods = state.setdefault("methods", {})
     for key in bench.tunes:
-        drawn = sorted(t.config.setting_key() for t in bench.tunes[key].trials)
+        drawn = sorted(bench.sections[key])
         if methods.get(key) and methods[key].get("settings") != drawn:  # other files (or unrecorded): another protocol's
             print(f"[bench {bench.name}] {key}: its settings changed since {folder} was written (a benchmark or methods file "
                   "edited, or the code gave its algorithm a field): it runs again", file=sys.stderr)
@@ -87,10 +87,10 @@ def run_bench(bench: Bench, output: str | Path, resume: bool = False, verbose: i
         print(f"[bench {bench.name}] final runs of {len(pending)} method(s): {sweep.describe()}", flush=True)
         out = _run(sweep, resume, state["run_id"], verbose)
         final, _ = load_runs(uri, experiment, out["parent_run_id"])
-        if out["errors"] or (missing := missing_runs(final, list(sections), bench.settings.final_seeds)):
-            print(f"[bench {bench.name}] the final sweep did not finish ({out['errors']} trial(s) failed, "
-                  f"{missing_runs(final, list(sections), bench.settings.final_seeds)} run(s) missing); --resume goes on with it",
-                  file=sys.stderr)
+        missing = missing_runs(final, list(sections), bench.settings.final_seeds)
+        if out["errors"] or missing:
+            print(f"[bench {bench.name}] the final sweep did not finish ({out['errors']} trial(s) failed, {missing} run(s) "
+                  "missing); --resume goes on with it", file=sys.stderr)
             failed += 1
         else:
             for key in pending:
@@ -114,6 +114,7 @@ def write_tables(bench: Bench, state: dict[str, Any], uri: str, folder: Path) ->
     chosen = {k: {int(b): s for b, s in e["chosen"].items()} for k, e in done.items()}
     tried = {k: e["tried"] for k, e in done.items()}
     labels = {s: bench.label(k, s) for k, by_budget in chosen.items() for s in by_budget.values() if s is not None}
+    wall = ", ".join(f"{k} {e['tuning_wall_s']:.0f}" for k, e in done.items())
     tables = {}
     # the final runs: one setting per method, chosen on validation before they ran
     tags = {f"{TAG_PREFIX}bench": bench.name, f"{TAG_PREFIX}metric": settings.metric, f"{TAG_PREFIX}mode": settings.mode,
@@ -123,7 +124,6 @@ def write_tables(bench: Bench, state: dict[str, Any], uri: str, folder: Path) ->
         if table.empty:
             continue
         tables[budget] = table
-        wall = ", ".join(f"{k} {e['tuning_wall_s']:.0f}" for k, e in done.items())
         header = (f"Benchmark {bench.name}: budget {budget} setting(s) per method, chosen on validation "
                   f"(seeds {settings.seeds}); test metrics over the final seeds {bench.settings.final_seeds}, mean ± 95% CI. "
                   f"transmissions: floats sent up and down by the end, in models. Tuning time per method (s, the "

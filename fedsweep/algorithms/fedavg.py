@@ -107,6 +107,6 @@ class FedAvg(Algorithm):
         return weighted_average(vectors, self.aggregation_weights(messages)), server_state
 
     def personalize(self, ctx: ClientContext, payload: State, state: State) -> torch.Tensor:
-        if getattr(self.hp, "evaluation", "train") == "test_data_step":
+        if self.hp.leaks_test_data:  # FedAvg's own test_data_step (the methods built on it never leak)
             return test_data_step(ctx, payload["params"], self.hp.personalization_lr, self.hp.batch_size)
         return fine_tune(ctx, payload["params"], self.hp.personalization_lr, self.hp.personalization_steps)
