@@ -179,3 +179,16 @@ def test_the_shipped_benchmark_files_are_valid():
         assert budgets == {bench.budgets[0]}, f  # the same number of settings for every method
         keys = keys or list(bench.tunes)
         assert list(bench.tunes) == keys  # every file: every method of the one methods file
+
+
+def test_each_cnn_cell_is_its_mlp_cell_with_the_cnn_and_nothing_else():
+    cnn_files = sorted(Path("sweeps/benchmark").glob("*_cnn.yaml"))
+    assert len(cnn_files) == 4  # the MNIST family: mnist and fmnist, both splits
+    for f in cnn_files:
+        cnn = yaml.safe_load(f.read_text())
+        mlp = yaml.safe_load(f.with_name(f.name.replace("_cnn", "")).read_text())
+        assert mlp["model"] == {"name": "mlp", "hidden": [100]}
+        assert cnn.pop("model") == {"name": "cnn", "channels": [6, 16], "hidden": [120, 84]}, f
+        assert cnn["sweep"].pop("name") == mlp["sweep"].pop("name") + "-cnn", f
+        del mlp["model"]
+        assert cnn == mlp, f
