@@ -38,9 +38,10 @@ from typing import Any
 import pandas as pd
 from pydantic import Field, ValidationError
 
+from fedsweep.algorithms import ALGORITHMS
 from fedsweep.checks import check_before_start
 from fedsweep.config import ConfigError, Seed, Sweep, Trial
-from fedsweep.loading import _format_errors, _short, _where, flatten_grids, read_yaml, sweep_from
+from fedsweep.loading import _alias_of, _format_errors, _short, _where, flatten_grids, read_yaml, sweep_from
 from fedsweep.schema import StrictModel
 from fedsweep.search import distributions
 
@@ -237,9 +238,12 @@ def _methods(path: Path, common: dict[str, Any], problems: list[str]) -> dict[st
         if not distributions(space):
             problems.append(f"{where}: no distribution, so its budget of settings would be one setting run again; "
                             "allowed: at least one field as {loguniform|uniform|randint|choice: ...}")
-        if both := sorted(set(space) & set(common)):
-            problems.append(f"{where}: {', '.join(both)} also in bench.common, which every method gets; allowed: "
-                            "leave them to bench.common")
+        params = getattr(ALGORITHMS.get(space["name"]), "Params", None)  # an unknown name: reported when the trials are read
+        field = {k: _alias_of(params, k) or k for k in (*space, *common)}  # tau and local_steps are one field
+        if both := sorted(k for k in space if field[k] in {field[c] for c in common}):
+            problems.append(f"{where}: {', '.join(both)} also in bench.common (as "
+                            f"{', '.join(c for c in common if field[c] in {field[k] for k in both})}), which every method "
+                            "gets; allowed: leave them to bench.common")
         out[str(key)] = {**space, **common}
     return out
 
@@ -250,16 +254,17 @@ def _methods(path: Path, common: dict[str, Any], problems: list[str]) -> dict[st
 def choose(runs: pd.DataFrame, metric: str, mode: str, budget: int) -> str | None:
     """The setting (``fedsweep.setting``) a method's tuning runs choose with a budget of its first ``budget``
     settings (trial order): the best mean over its seeds of ``val_<metric>``, among the settings all of whose
-    seeds finished. Only the validation column and the run outcomes are read: never a test metric."""
+    seeds finished. A tie goes to the setting drawn first. Only the validation column and the run outcomes are
+    read: never a test metric."""
     ranked = "val_" + metric
     tried = runs[["setting", "trial", "outcome", ranked]]
-    first = tried.groupby("setting")["trial"].min().sort_values(kind="stable").index[:budget]
+    first = tried.groupby("setting")["trial"].min().sort_values(kind="stable").index[:budget]  # in draw order
     tried = tried[tried["setting"].isin(first)]
     eligible = tried[~tried["setting"].isin(tried.loc[tried["outcome"] != "finished", "setting"])]
     if eligible.empty:
         return None
-    means = eligible.groupby("setting")[ranked].mean()
-    return str(means.idxmax() if mode == "max" else means.idxmin())
+    means = eligible.groupby("setting")[ranked].mean().reindex([s for s in first if s in set(eligible["setting"])])
+    return str(means.idxmax() if mode == "max" else means.idxmin())  # the first of equal values: the earliest draw
 
 
 def missing_runs(runs: pd.DataFrame, settings: list[str], seeds: list[int]) -> int:

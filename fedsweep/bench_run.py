@@ -144,13 +144,16 @@ def write_tables(bench: Bench, state: dict[str, Any], uri: str, folder: Path) ->
 
 
 def ranking_figure(table: pd.DataFrame, metric: str, title: str) -> bytes:
-    """The methods ranked by their test metric, each with its 95% CI bar."""
+    """The methods ranked by their test metric: each a point with its 95% CI whisker, on an axis fitted to the
+    points (bars would have to start at 0 and hide differences of a point or two)."""
     from fedsweep.report import _png, _pyplot
 
     plt = _pyplot()
     rows = table.iloc[::-1]
     fig, ax = plt.subplots(figsize=(7, 1.2 + 0.28 * len(rows)))
-    ax.barh(rows["algorithm"], 100 * rows[f"{metric} mean"], xerr=100 * rows[f"{metric} ci95"].fillna(0), color="#4c72b0", capsize=2)
+    ax.errorbar(100 * rows[f"{metric} mean"], rows["algorithm"], xerr=100 * rows[f"{metric} ci95"].fillna(0), fmt="o",
+                color="#4c72b0", capsize=2)
+    ax.grid(axis="x", alpha=0.3)
     ax.set_xlabel(f"{metric} (%), test, mean ± 95% CI")
     ax.set_title(title)
     fig.tight_layout()

@@ -130,13 +130,15 @@ def test_a_benchmark_file_that_would_give_unequal_budgets_is_refused_before_anyt
         "fedavg": {"name": "fedavg", "local_lr": {"grid": [0.05, 0.1]}},  # a grid: two points, more tries
         "local": {"name": "local", "local_lr": 0.05},  # nothing drawn: one setting run again
         "ditto": {"name": "ditto", "local_lr": {"loguniform": [0.01, 0.1]}, "r": 0.5},  # r is common's
+        "fedprox": {"name": "fedprox", "mu": {"loguniform": [0.01, 1]}, "participation_rate": 0.5},  # r by its name
     }}
     (tmp_path / "methods.yaml").write_text(yaml.safe_dump(methods))
     path = bench_file(tmp_path, "bad", {"name": "iid"}, final_seeds=[0, 1], budgets=[3])
     text = problems(path)
     assert "methods.fedavg.local_lr: a grid gives this method more settings than the others" in text
     assert "methods.local: no distribution" in text
-    assert "methods.ditto: r also in bench.common" in text
+    assert "methods.ditto: r also in bench.common (as r)" in text
+    assert "methods.fedprox: participation_rate also in bench.common (as r)" in text
     assert "bench.final_seeds: [0] also tune (sweep.seeds)" in text
     assert "bench.budgets: [3]; allowed: integers from 1 to sweep.num_samples - 1 (2)" in text
 
@@ -192,3 +194,36 @@ def test_each_cnn_cell_is_its_mlp_cell_with_the_cnn_and_nothing_else():
         assert cnn["sweep"].pop("name") == mlp["sweep"].pop("name") + "-cnn", f
         del mlp["model"]
         assert cnn == mlp, f
+
+
+def test_each_cifar10_cpu_cut_is_its_full_cell_cut_where_it_says_and_nowhere_else():
+    cuts = sorted(Path("sweeps/benchmark").glob("cifar10_*_cpu_cut.yaml"))
+    assert [f.name for f in cuts] == ["cifar10_dirichlet_cpu_cut.yaml", "cifar10_pathological_cpu_cut.yaml"]
+    for f in cuts:
+        cut = yaml.safe_load(f.read_text())
+        full = yaml.safe_load(f.with_name(f.name.replace("_cpu_cut", "")).read_text())
+        assert full["model"] == {"name": "cnn", "channels": [64, 64], "hidden": [384, 192]}  # the PFL CNN
+        assert cut["data"].pop("subsample") == 0.1 and "subsample" not in full["data"]
+        assert (cut.pop("eval_every"), full.pop("eval_every")) == (25, 10)
+        assert "resources" not in cut and full.pop("resources")["client_gpus"] > 0
+        assert cut["sweep"].pop("name") == full["sweep"].pop("name") + "-cpu-cut"
+        assert (cut["sweep"].pop("num_samples"), full["sweep"].pop("num_samples")) == (4, 16)
+        assert (cut["sweep"].pop("max_concurrent_trials"), full["sweep"].pop("max_concurrent_trials")) == (2, 4)
+        assert "budgets" not in cut["bench"] and full["bench"].pop("budgets") == [4]
+        assert cut == full, f
+        # the cut's 4 settings per method are the full cell's first 4 (its budget-4 draws)
+        cut_bench, full_bench = load_bench(f, check_cluster=False), load_bench(f.with_name(f.name.replace("_cpu_cut", "")),
+                                                                               check_cluster=False)
+        for method, sweep in cut_bench.tunes.items():
+            settings = [t.config.algorithm for t in sweep.trials]
+            assert settings == [t.config.algorithm for t in full_bench.tunes[method].trials[:4]], method
+
+
+def test_a_tie_on_validation_goes_to_the_setting_drawn_first():
+    # two draws of one method that score the same (Synthetic gives β = 0.09309 and 0.09318 equal validation
+    # accuracy): the earlier draw wins, whatever the settings' keys or the order the store returns the runs in
+    for keys in (("zz", "aa"), ("aa", "zz")):
+        runs = pd.DataFrame({"setting": [keys[1], keys[0], "mid"], "trial": [5, 2, 3], "outcome": ["finished"] * 3,
+                             "val_personalized_accuracy_mean": [0.85, 0.85, 0.80]})
+        assert choose(runs, "personalized_accuracy_mean", "max", 3) == keys[0]
+        assert choose(runs.iloc[::-1], "personalized_accuracy_mean", "min", 3) == "mid"

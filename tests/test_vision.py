@@ -183,6 +183,38 @@ def test_cnn_trains_on_the_cifar_files(tmp_path):
     assert 0.0 <= history[-1]["personalized_accuracy_mean"] <= 1.0
 
 
+def test_subsample_keeps_each_class_share_of_the_pool_before_the_split(tmp_path):
+    data = make_mnist(tmp_path, per_class_train=30, per_class_test=10)  # 40 images of each class
+    pool = np.concatenate([data["train"][0], data["t10k"][0]]).reshape(400, -1)
+    whole = ImageConfig(dataset="mnist", root=str(tmp_path), num_clients=4, partition={"name": "dirichlet", "concentration": 0.5})
+    cut = ImageConfig(**{**whole.model_dump(), "subsample": 0.25})
+
+    def images(cfg):
+        ds = build_federated_dataset(cfg)
+        x = torch.cat([t for c in ds.clients for t in (c.x_train, c.x_test)])
+        y = torch.cat([t for c in ds.clients for t in (c.y_train, c.y_test)])
+        return (x * 255).round().to(torch.uint8).numpy(), y.numpy()
+
+    x, y = images(cut)
+    assert len(y) == 100 and np.bincount(y).tolist() == [10] * 10  # 0.25 of every class's 40
+    rows = {r.tobytes() for r in pool}
+    assert len({r.tobytes() for r in x}) == 100 and all(r.tobytes() in rows for r in x)  # distinct images of the pool
+    x2, y2 = images(cut)
+    assert np.array_equal(x, x2) and np.array_equal(y, y2)  # the same share on every build (the split's seed)
+    assert len(images(whole)[1]) == 400
+    other = ImageConfig(**{**cut.model_dump(), "seed": 1})
+    assert {r.tobytes() for r in images(other)[0]} != {r.tobytes() for r in x}
+
+
+def test_subsample_is_refused_where_the_split_draws_its_own_counts_or_leaves_too_few_images():
+    with pytest.raises(ConfigError, match=r"data\.subsample: 0\.5 with partition acid, which draws its own per-class counts"):
+        validate(config_dict(data={"_replace": True, "dataset": "cifar10", "subsample": 0.5, "partition": {"name": "acid"}}))
+    with pytest.raises(ConfigError, match=r"data\.num_clients: 400: mnist has 700 samples at subsample 0\.01 .* allowed: 1\.\.350"):
+        validate(config_dict(data={"_replace": True, "dataset": "mnist", "subsample": 0.01, "num_clients": 400}))
+    with pytest.raises(ConfigError, match=r"data\.subsample"):
+        validate(config_dict(data={"_replace": True, "dataset": "mnist", "subsample": 0}))
+
+
 def test_image_config_errors_name_the_field():
     with pytest.raises(ConfigError, match="exceeds the 10 classes of cifar10"):
         validate(config_dict(data={"_replace": True, "dataset": "cifar10", "partition": {"name": "acid", "classes_per_client": 11}}))

@@ -44,10 +44,10 @@ ValidationFraction = Annotated[float, Field(
 )]
 
 
-def _pool_too_small(dataset: str, num_clients: int) -> FieldError | None:
-    pool = POOL_SIZES[dataset]
+def _pool_too_small(dataset: str, num_clients: int, share: float = 1.0) -> FieldError | None:
+    pool = round(POOL_SIZES[dataset] * share)
     if num_clients > pool // 2:
-        return FieldError("num_clients", f"{num_clients}: {dataset} has {pool} samples and every client needs at least 2 "
+        return FieldError("num_clients", f"{num_clients}: {dataset} has {pool} samples{f' at subsample {share}' if share < 1 else ''} and every client needs at least 2 "
                                          f"(one train, one test); allowed: 1..{pool // 2}")
     return None
 
@@ -229,6 +229,12 @@ class ImageConfig(StrictModel):
     validation_fraction: ValidationFraction = 0.0
     seed: DataSeed = Field(0, description="Seed of the split: fixed across the experiment's seeds, or 'run': each run's "
                            "own seed (the split drawn again per seed; the setting stays one).")
+    subsample: float = Field(
+        1.0, gt=0, le=1,
+        description="Share of the pooled images kept, the same share of every class (drawn with the split's seed), "
+        "before the split: 1 keeps all; less is a stated cut of a protocol (e.g. a benchmark cell cut to a CPU). "
+        "Only for the splits of the pooled images (iid, dirichlet, label_skew, shards, pfedme_mnist).",
+    )
     input_scaling: Literal["unit_interval", "standardized"] = Field(
         "unit_interval",
         description="Pixels as x/255 ('unit_interval'), or per pixel (x − μ)/(σ + 0.001) with μ, σ over all "
@@ -250,7 +256,11 @@ class ImageConfig(StrictModel):
             raise FieldError(f"partition.{field}", f"{k} exceeds the {classes} classes of {self.dataset} (allowed: 1..{classes})")
         if isinstance(p, PerFedAvgPartition) and classes != 10:
             raise FieldError("partition.name", "perfedavg needs classes 0-9 (mnist, fashion_mnist or cifar10)")
-        if problem := _pool_too_small(self.dataset, self.num_clients):
+        if self.subsample < 1 and isinstance(p, (PerFedAvgPartition, ACIDPartition, ALIDPartition)):
+            raise FieldError("subsample", f"{self.subsample} with partition {p.name}, which draws its own per-class counts "
+                                          "from the official train and test pools; allowed: 1, or a pooled split "
+                                          "(iid, dirichlet, label_skew, shards, pfedme_mnist)")
+        if problem := _pool_too_small(self.dataset, self.num_clients, self.subsample):
             raise problem
         return self
 
@@ -348,6 +358,9 @@ def _image_clients(cfg: ImageConfig) -> tuple[list[ClientData], int, int]:
             clients.append(ClientData(t(scale(x_tr[tr])), t(relabel(y_tr[tr])), t(scale(x_te[te])), t(relabel(y_te[te]))))
         return clients, x_tr.shape[1], classes
     x, y = np.concatenate([x_tr, x_te]), np.concatenate([y_tr, y_te])
+    if cfg.subsample < 1:
+        keep = partitions.stratified_subset(y, cfg.subsample, np.random.default_rng([cfg.seed, 3]))
+        x, y = x[keep], y[keep]
     split_rng = np.random.default_rng([cfg.seed, 2])
     clients = []
     for i, idx in enumerate(_split_pooled(cfg, y)):

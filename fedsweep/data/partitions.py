@@ -15,6 +15,16 @@ def iid(labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[
     return [np.sort(p) for p in np.array_split(rng.permutation(len(labels)), num_clients)]
 
 
+def stratified_subset(labels: np.ndarray, fraction: float, rng: np.random.Generator) -> np.ndarray:
+    """Sorted indices of round(fraction · n_c) samples of each class c (at least one), drawn without
+    replacement: a smaller pool with the same class shares, split afterwards as the whole pool would be."""
+    keep = []
+    for c in np.unique(labels):
+        members = np.flatnonzero(labels == c)
+        keep.append(rng.choice(members, max(1, round(fraction * len(members))), replace=False))
+    return np.sort(np.concatenate(keep))
+
+
 def deal_classes(classes: np.ndarray, num_clients: int, classes_per_client: int, rng: np.random.Generator) -> list[list[int]]:
     """Each client's list of ``classes_per_client`` = k distinct classes, dealt from a stream of seeded
     permutations of the class list: a client takes the first k classes at the stream's front that it does not
