@@ -60,6 +60,7 @@ def run_bench(bench: Bench, output: str | Path, resume: bool = False, verbose: i
                   "edited, or the code gave its algorithm a field): it runs again", file=sys.stderr)
             methods[key] = {}
         methods.setdefault(key, {})["settings"] = drawn
+    _choose_again(bench, methods, uri, experiment)
     write_state(folder, state)
     failed = 0
     if pending := [k for k in bench.tunes if "chosen" not in methods[k]]:
@@ -101,6 +102,23 @@ def run_bench(bench: Bench, output: str | Path, resume: bool = False, verbose: i
             print(f"[bench {bench.name}] {key}: no setting finished on every tuning seed; not in the tables", file=sys.stderr)
     write_tables(bench, state, uri, folder)
     return folder, failed
+
+
+def _choose_again(bench: Bench, methods: dict[str, dict[str, Any]], uri: str, experiment: str) -> None:
+    """Each recorded choice made again from its tuning runs: where the selection rule (``bench.choose``) now
+    chooses otherwise, the new choice is recorded and that method's final runs run again."""
+    by_run: dict[str, list[str]] = {}
+    for key, entry in methods.items():
+        if key in bench.tunes and "chosen" in entry:
+            by_run.setdefault(entry["tune_run"], []).append(key)
+    for run_id, keys in by_run.items():
+        runs, _ = load_runs(uri, experiment, run_id)
+        for key, chosen in chosen_settings(bench, runs, keys).items():
+            if {str(b): s for b, s in chosen.items()} != methods[key]["chosen"]:
+                print(f"[bench {bench.name}] {key}: the selection rule now chooses {chosen} (recorded: {methods[key]['chosen']}); "
+                      "its final runs run again", file=sys.stderr)
+                methods[key]["chosen"] = {str(b): s for b, s in chosen.items()}
+                methods[key].pop("final_run", None)
 
 
 def write_tables(bench: Bench, state: dict[str, Any], uri: str, folder: Path) -> dict[int, pd.DataFrame]:

@@ -271,14 +271,24 @@ class ExperimentConfig(StrictModel):
         return self.data.model_copy(update={"seed": self.seed}) if self.data.seed == "run" else self.data
 
     def setting_key(self) -> str:
-        """Identity of a hyperparameter setting: everything that changes the numbers, except the seed."""
+        """Identity of a hyperparameter setting: everything that changes the numbers, except the seed. A field of
+        :data:`KEY_OMITS_AT_DEFAULT` at its default is left out: the runs made before it existed keep their keys."""
         d = self.model_dump(mode="json", exclude={"seed", "name", "resources", "tracking"})
+        for (section, field), default in KEY_OMITS_AT_DEFAULT.items():
+            if d.get(section, {}).get(field, default) == default:
+                d.get(section, {}).pop(field, None)
         return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
     def flat_params(self) -> dict[str, Any]:
         """All resolved fields as dotted keys, for MLflow params."""
         return flatten(self.model_dump(mode="json"))
 
+
+
+#: Fields added after benchmark results were recorded (``fedsweep bench``'s state keeps setting keys), whose
+#: default is the behaviour from before them: at that default they stay out of a setting's identity
+#: (:meth:`ExperimentConfig.setting_key`), so those results keep their keys; any other value is part of it.
+KEY_OMITS_AT_DEFAULT: dict[tuple[str, str], Any] = {("data", "subsample"): 1.0}
 
 class ASHASettings(StrictModel):
     """Ray Tune's asynchronous successive halving: at each rung (grace_rounds × reduction_factor^k rounds) a

@@ -108,6 +108,19 @@ def test_a_two_method_benchmark_tunes_equally_selects_on_validation_and_merges(r
     assert after == before
     assert main(["bench", a, "--output", str(out), "--quiet"]) == 2
 
+    # a choice recorded by another selection rule (an older code's tie-break): --resume chooses again from the
+    # tuning runs, records the rule's choice and runs that method's final runs again; the other method's stay
+    path = out / "skew" / "bench_state.json"
+    state = json.loads(path.read_text())
+    local, fedavg = state["methods"]["local"], dict(state["methods"]["fedavg"])
+    rule = local["chosen"]["3"]
+    local["chosen"]["3"] = next(s for s in local["settings"] if s != rule)
+    path.write_text(json.dumps(state))
+    assert main(["bench", a, "--output", str(out), "--quiet", "--resume"]) == 0
+    state = json.loads(path.read_text())
+    assert state["methods"]["local"]["chosen"]["3"] == rule and state["methods"]["local"]["final_run"] != local["final_run"]
+    assert state["methods"]["fedavg"] == fedavg
+
     # the protocol edited after its run (one more round): the folder's results are of another protocol, so
     # --resume runs every method again instead of rewriting the tables from the old runs
     raw = yaml.safe_load(Path(a).read_text())

@@ -293,3 +293,16 @@ def test_fashion_mnist_from_the_data_root_or_the_debian_package_folder(tmp_path,
     with pytest.raises(FileNotFoundError) as e:
         vision.load_uint8("fashion_mnist", empty)
     assert "FashionMNIST/raw/train-images-idx3-ubyte" in str(e.value) and str(tmp_path / "absent") in str(e.value)
+
+
+def test_subsample_at_its_default_leaves_a_settings_key_as_it_was_before_the_field():
+    import hashlib
+    import json
+
+    cfg = validate(config_dict(data={"_replace": True, "dataset": "mnist", "num_clients": 4}))
+    d = cfg.model_dump(mode="json", exclude={"seed", "name", "resources", "tracking"})
+    assert d["data"].pop("subsample") == 1.0
+    before = hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]  # the key without the field
+    assert cfg.setting_key() == before  # so `fedsweep bench --resume` keeps the results recorded before it
+    cut = validate(config_dict(data={"_replace": True, "dataset": "mnist", "num_clients": 4, "subsample": 0.1}))
+    assert cut.setting_key() != before
