@@ -127,8 +127,14 @@ def write_tables(bench: Bench, state: dict[str, Any], uri: str, folder: Path) ->
     first = next(iter(bench.tunes.values()))
     experiment, settings = first.trials[0].config.tracking.experiment, first.settings
     done = {k: e for k, e in state["methods"].items() if "final_run" in e and k in bench.tunes}
-    final = pd.concat([load_runs(uri, experiment, run, settings.target_accuracy)[0]
-                       for run in dict.fromkeys(e["final_run"] for e in done.values())] or [pd.DataFrame()], ignore_index=True)
+    frames = []
+    for run in dict.fromkeys(e["final_run"] for e in done.values()):
+        # a method's final runs from its own final sweep: an earlier final sweep may hold the same setting's runs
+        # (a method whose choice changed, rerun in a later sweep, kept a setting it had)
+        mine = {s for e in done.values() if e["final_run"] == run for s in e["chosen"].values()}
+        runs = load_runs(uri, experiment, run, settings.target_accuracy)[0]
+        frames.append(runs[runs["setting"].isin(mine)])
+    final = pd.concat(frames or [pd.DataFrame()], ignore_index=True)
     chosen = {k: {int(b): s for b, s in e["chosen"].items()} for k, e in done.items()}
     tried = {k: e["tried"] for k, e in done.items()}
     labels = {s: bench.label(k, s) for k, by_budget in chosen.items() for s in by_budget.values() if s is not None}

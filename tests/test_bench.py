@@ -120,6 +120,10 @@ def test_a_two_method_benchmark_tunes_equally_selects_on_validation_and_merges(r
     state = json.loads(path.read_text())
     assert state["methods"]["local"]["chosen"]["3"] == rule and state["methods"]["local"]["final_run"] != local["final_run"]
     assert state["methods"]["fedavg"] == fedavg
+    for budget in (1, 3):  # each method's runs from its own final sweep: the earlier sweep's runs of a kept setting left out
+        runs = pd.read_csv(out / "skew" / f"final_runs_b{budget}.csv")
+        assert sorted(runs.groupby("algorithm")["seed"].apply(sorted).tolist()) == [[1, 2], [1, 2]], budget
+        assert set(pd.read_csv(out / "skew" / f"table_b{budget}.csv")["seeds"]) == {2}
 
     # the protocol edited after its run (one more round): the folder's results are of another protocol, so
     # --resume runs every method again instead of rewriting the tables from the old runs
