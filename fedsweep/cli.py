@@ -184,7 +184,7 @@ def cmd_bench(args) -> int:
         (out / "summary.md").write_text(merged_markdown(merged) + "\n")
         merged.to_csv(out / "summary.csv", index=False)
         if not merged.empty:
-            (out / "heatmap.png").write_bytes(heatmap_figure(merged, metric))
+            (out / "heatmap.png").write_bytes(heatmap_figure(merged, metric, benches[0].sweep_section.get("mode", "max")))
         print("\n" + merged_markdown(merged))
     if failed:
         print(f"{failed} method phase(s) did not finish; run again with --resume", file=sys.stderr)
