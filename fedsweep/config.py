@@ -284,11 +284,11 @@ class ExperimentConfig(StrictModel):
         return flatten(self.model_dump(mode="json"))
 
 
-
 #: Fields added after benchmark results were recorded (``fedsweep bench``'s state keeps setting keys), whose
 #: default is the behaviour from before them: at that default they stay out of a setting's identity
 #: (:meth:`ExperimentConfig.setting_key`), so those results keep their keys; any other value is part of it.
 KEY_OMITS_AT_DEFAULT: dict[tuple[str, str], Any] = {("data", "subsample"): 1.0}
+
 
 class ASHASettings(StrictModel):
     """Ray Tune's asynchronous successive halving: at each rung (grace_rounds × reduction_factor^k rounds) a
