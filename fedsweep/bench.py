@@ -263,7 +263,8 @@ def choose(runs: pd.DataFrame, metric: str, mode: str, budget: int) -> str | Non
     eligible = tried[~tried["setting"].isin(tried.loc[tried["outcome"] != "finished", "setting"])]
     if eligible.empty:
         return None
-    means = eligible.groupby("setting")[ranked].mean().reindex([s for s in first if s in set(eligible["setting"])])
+    means = eligible.groupby("setting")[ranked].mean()
+    means = means.loc[[s for s in first if s in means.index]]
     return str(means.idxmax() if mode == "max" else means.idxmin())  # the first of equal values: the earliest draw
 
 

@@ -58,7 +58,7 @@ def run_bench(bench: Bench, output: str | Path, resume: bool = False, verbose: i
         drawn = sorted(bench.sections[key])
         if methods.get(key) and methods[key].get("settings") != drawn:  # other files (or unrecorded): another protocol's
             print(f"[bench {bench.name}] {key}: its settings changed since {folder} was written (a benchmark or methods file "
-                  "edited, or the code gave its algorithm a field): it runs again", file=sys.stderr)
+                  "edited, or a code change to a trial's configuration, such as a new field): it runs again", file=sys.stderr)
             methods[key] = {}
         methods.setdefault(key, {})["settings"] = drawn
     _choose_again(bench, methods, uri, experiment)
@@ -115,10 +115,10 @@ def _choose_again(bench: Bench, methods: dict[str, dict[str, Any]], uri: str, ex
     for run_id, keys in by_run.items():
         runs, _ = load_runs(uri, experiment, run_id)
         for key, chosen in chosen_settings(bench, runs, keys).items():
-            if {str(b): s for b, s in chosen.items()} != methods[key]["chosen"]:
-                print(f"[bench {bench.name}] {key}: the selection rule now chooses {chosen} (recorded: {methods[key]['chosen']}); "
+            if (now := {str(b): s for b, s in chosen.items()}) != methods[key]["chosen"]:
+                print(f"[bench {bench.name}] {key}: the selection rule now chooses {now} (recorded: {methods[key]['chosen']}); "
                       "its final runs run again", file=sys.stderr)
-                methods[key]["chosen"] = {str(b): s for b, s in chosen.items()}
+                methods[key]["chosen"] = now
                 methods[key].pop("final_run", None)
 
 

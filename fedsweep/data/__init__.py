@@ -359,7 +359,7 @@ def _image_clients(cfg: ImageConfig) -> tuple[list[ClientData], int, int]:
         return clients, x_tr.shape[1], classes
     x, y = np.concatenate([x_tr, x_te]), np.concatenate([y_tr, y_te])
     if cfg.subsample < 1:
-        keep = partitions.stratified_subset(y, cfg.subsample, np.random.default_rng([cfg.seed, 3]))
+        keep = partitions.validation_split(y, cfg.subsample, np.random.default_rng([cfg.seed, 3]))[1]  # stratified
         x, y = x[keep], y[keep]
     split_rng = np.random.default_rng([cfg.seed, 2])
     clients = []

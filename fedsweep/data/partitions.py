@@ -15,16 +15,6 @@ def iid(labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[
     return [np.sort(p) for p in np.array_split(rng.permutation(len(labels)), num_clients)]
 
 
-def stratified_subset(labels: np.ndarray, fraction: float, rng: np.random.Generator) -> np.ndarray:
-    """Sorted indices of round(fraction · n_c) samples of each class c (at least one), drawn without
-    replacement: a smaller pool with the same class shares, split afterwards as the whole pool would be."""
-    keep = []
-    for c in np.unique(labels):
-        members = np.flatnonzero(labels == c)
-        keep.append(rng.choice(members, max(1, round(fraction * len(members))), replace=False))
-    return np.sort(np.concatenate(keep))
-
-
 def deal_classes(classes: np.ndarray, num_clients: int, classes_per_client: int, rng: np.random.Generator) -> list[list[int]]:
     """Each client's list of ``classes_per_client`` = k distinct classes, dealt from a stream of seeded
     permutations of the class list: a client takes the first k classes at the stream's front that it does not
@@ -78,7 +68,8 @@ def train_test_split(indices: np.ndarray, test_fraction: float, rng: np.random.G
 
 def validation_split(labels: np.ndarray, fraction: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """Positions (kept for training, held out for validation) of a client's training samples: a share
-    ``fraction`` held out, at least one and never all, stratified by label (each label gives its share,
+    ``fraction`` held out, at least one and never all, stratified by label (also the kept share of a pool that
+    ``data.subsample`` cuts) (each label gives its share,
     the rounding remainders go to the labels with the largest fractional parts)."""
     n = len(labels)
     n_val = min(max(1, round(fraction * n)), n - 1)
