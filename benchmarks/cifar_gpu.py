@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import pickle
 import subprocess
 import sys
 import tempfile
@@ -30,21 +29,9 @@ import numpy as np
 import ray
 import torch
 
+from benchmarks.device_data import stand_in_cifar10
 from fedsweep.experiment import ExperimentRunner
 from fedsweep.loading import validate
-
-
-def stand_in_cifar10(root: Path, per_class: int = 1000) -> None:
-    """CIFAR-10's six files in its format, ``per_class`` random images of each class in each (1000: its sizes)."""
-    rng = np.random.default_rng(0)
-    folder = root / "cifar-10-batches-py"
-    folder.mkdir(parents=True)
-    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-        labels = [c for c in range(10) for _ in range(per_class)]
-        batch = {b"labels": labels, b"data": rng.integers(0, 256, (len(labels), 3072), dtype=np.uint8)}
-        (folder / name).write_bytes(pickle.dumps(batch, protocol=2))
-    if per_class != 1000:  # not the official files' 10,000 a file: say so (fedsweep.data.vision.SUBSET_MARKER)
-        (folder / "FEDSWEEP_SUBSET").touch()
 
 
 class GPUSampler(threading.Thread):

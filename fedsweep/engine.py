@@ -21,9 +21,10 @@ class Engine:
     """An experiment's server and pool. Subclasses make remote hosts (:meth:`remote_hosts`); here there are none,
     and every host of the layout is a :class:`LocalHost` over one set of :class:`Client` objects."""
 
-    def __init__(self, cfg: Any):
+    def __init__(self, cfg: Any, device: str = "cpu"):
         self.experiment = -1
         self.pool: ClientPool | None = None
+        self.device = device  # where this process's clients keep their data and models (the server stays on the CPU)
         self.reset(cfg)
 
     def layout(self, cfg: Any) -> tuple[list[list[int]], bool]:
@@ -51,7 +52,7 @@ class Engine:
         holds, replicated = self.layout(cfg)
         remote, gather = self.remote_hosts(cfg, dataset, setup, holds)
         here = holds[: len(holds) - len(remote)]  # the hosts of this process
-        self.local = {c: Client(c, dataset.clients[c], setup) for c in sorted({c for ids in here for c in ids})}
+        self.local = {c: Client(c, dataset.clients[c], setup, self.device) for c in sorted({c for ids in here for c in ids})}
         local: list[Host] = [LocalHost({c: self.local[c] for c in ids}, cfg.resources.vectorize_clients) for ids in here]
         self.pool = ClientPool(local + remote, holds, replicated, cfg.num_clients, gather, cfg.resources.round_timeout_s)
 
@@ -101,10 +102,11 @@ def local_federation(cfg: Any) -> tuple[Server, ClientPool]:
     return engine.server, engine.pool
 
 
-def run_local(cfg: Any) -> tuple[list[dict[str, float]], Server]:
-    """The whole experiment in this process, no Ray: the same :class:`Engine` the actors run, every host local."""
+def run_local(cfg: Any, device: str = "cpu") -> tuple[list[dict[str, float]], Server]:
+    """The whole experiment in this process, no Ray: the same :class:`Engine` the actors run, every host local,
+    its clients on ``device`` (``"cuda"``: this process's GPU, as a GPU ClientActor's clients)."""
     with compute_threads():  # as in the actors
-        engine = Engine(cfg)
+        engine = Engine(cfg, device)
         history = [m for rnd in range(cfg.rounds + 1) for m in engine.steps(rnd, rnd, 1)]
         for m in history:
             m.pop("wall_time_s")

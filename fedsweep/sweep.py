@@ -281,6 +281,25 @@ def find_resumable(sweep: Sweep, storage: Storage) -> tuple[str, dict]:
     ])
 
 
+def sweep_tags(sweep: Sweep, trials: int) -> dict[str, str]:
+    """The tags of a sweep's parent run: what ``fedsweep table`` and the report read (metric, mode, selection, …)."""
+    settings = sweep.settings
+    return {
+        f"{TAG_PREFIX}sweep": "true",
+        f"{TAG_PREFIX}metric": settings.metric,
+        f"{TAG_PREFIX}mode": settings.mode,
+        f"{TAG_PREFIX}select_on": settings.select_on,
+        f"{TAG_PREFIX}search": settings.search,
+        **({f"{TAG_PREFIX}scheduler": json.dumps(settings.scheduler.model_dump())} if settings.scheduler else {}),
+        **({f"{TAG_PREFIX}target_accuracy": str(settings.target_accuracy)} if settings.target_accuracy else {}),
+        f"{TAG_PREFIX}table_group_by": json.dumps(settings.table_group_by),
+        f"{TAG_PREFIX}trials": str(trials),
+        f"{TAG_PREFIX}yaml_sha1": sweep.source_hash(),
+        f"{TAG_PREFIX}source_file": sweep.path,
+        "mlflow.source.git.commit": _git_sha(),
+    }
+
+
 def run_sweep(sweep: Sweep, verbose: int = 1, resume: bool = False, tags: dict[str, str] | None = None) -> dict[str, Any]:
     """Run every trial of ``sweep``; returns the parent run id, the Tune results and the error count.
 
@@ -312,25 +331,8 @@ def run_sweep(sweep: Sweep, verbose: int = 1, resume: bool = False, tags: dict[s
     else:
         name = f"{settings.name}-{time.strftime('%Y%m%d-%H%M%S')}"
         experiment_dir = storage.path(name)
-        parent = mlflow.create_run(
-            experiment_id,
-            run_name=settings.name,
-            tags={
-                f"{TAG_PREFIX}sweep": "true",
-                f"{TAG_PREFIX}metric": settings.metric,
-                f"{TAG_PREFIX}mode": settings.mode,
-                f"{TAG_PREFIX}select_on": settings.select_on,
-                f"{TAG_PREFIX}search": settings.search,
-                **({f"{TAG_PREFIX}scheduler": json.dumps(settings.scheduler.model_dump())} if settings.scheduler else {}),
-                **({f"{TAG_PREFIX}target_accuracy": str(settings.target_accuracy)} if settings.target_accuracy else {}),
-                f"{TAG_PREFIX}table_group_by": json.dumps(settings.table_group_by),
-                f"{TAG_PREFIX}trials": str(len(configs)),
-                f"{TAG_PREFIX}yaml_sha1": sweep.source_hash(),
-                f"{TAG_PREFIX}source_file": sweep.path,
-                "mlflow.source.git.commit": _git_sha(),
-                **(tags or {}),
-            },
-        ).info.run_id
+        parent = mlflow.create_run(experiment_id, run_name=settings.name, tags={**sweep_tags(sweep, len(configs)), **(tags or {})}
+                                   ).info.run_id
     tracking = {"uri": uri, "experiment_id": experiment_id, "parent_run_id": parent}
     checkpoint_root = (storage, posixpath.join(experiment_dir, "fedsweep_checkpoints"))
     if sweep.points is None:  # grid or random search: the trials are known; Tune runs them by index

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The PFL CIFAR-10 protocol (sweeps/pfl_acid_cifar10.yaml) on a lent GPU machine, through the `device` tool, in two
+# calls one right after the other (the machine keeps what the first unpacked while it stays warm):
+#
+#   here, once:  python benchmarks/device_data.py pack ../shared/data/cifar-10-batches-py .devpack --parts 2
+#                (folders .devpack/part_0 and part_1 renamed a and b; .devpack and .whl in .git/info/exclude;
+#                 .whl: pydantic and its needs as cp312 wheels, the machine has torch but not pydantic)
+#   call 1:      bash benchmarks/device_pfl_cifar.sh probe         carry: .devpack/a .whl
+#                unpacks part a to /tmp/devdata (the copy of the repository there keeps no ignored folder between
+#                calls; /tmp stays while the machine is held); per-round cost of PFLDyn-MAML on stand-in files,
+#                stacked and one by one, on the GPU ("unpack" instead: part a alone)
+#   call 2:      bash benchmarks/device_pfl_cifar.sh run SECONDS   carry: .devpack/b .whl
+#                unpacks part b (every file's SHA-256 checked); the file's 12 trials at once, each in its own
+#                process on the GPU, stopping after the round that passes SECONDS; $OUT/acid.tar.gz holds a
+#                .jsonl per trial, $OUT/gpu.csv nvidia-smi's samples
+#   here:        tar xzf acid.tar.gz && python benchmarks/device_sweep.py log sweeps/pfl_acid_cifar10.yaml acid
+set -euo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+if [ ! -d /tmp/site/pydantic ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+fi
+export PYTHONPATH=/tmp/site
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c "import torch, pydantic; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'cpus', __import__('os').cpu_count())"
+
+case "$1" in
+unpack)  # part a again, without the probe
+  python3 benchmarks/device_data.py unpack .devpack/a /tmp/devdata/cifar-10-batches-py
+  ;;
+probe)
+  python3 benchmarks/device_data.py unpack .devpack/a /tmp/devdata/cifar-10-batches-py
+  python3 benchmarks/device_data.py stand-in /tmp/standin
+  for stack in on off; do
+    FEDSWEEP_DATA_DIR=/tmp/standin python3 benchmarks/device_sweep.py run sweeps/pfl_acid_cifar10.yaml \
+      --out "/tmp/probe_$stack" --workers 1 --trials 2 --rounds 10 $([ $stack = off ] && echo --no-stack)
+  done
+  python3 - <<'PY'
+import sys
+from pathlib import Path
+sys.path.insert(0, ".")
+from benchmarks.device_sweep import read_trial
+runs = {s: read_trial(Path(f"/tmp/probe_{s}/trial_0002.jsonl")) for s in ("on", "off")}
+pace = {}
+for s, (head, rows, end) in runs.items():
+    pace[s] = (rows[-1]["wall_time_s"] - rows[1]["wall_time_s"]) / (len(rows) - 2)
+    print(f"stack {s}: vectorize_clients={head['vectorize_clients']}, s/round over rounds 2-10 (one evaluation in) "
+          f"{pace[s]:.4f}, max memory {end['max_memory_mb']:.0f} MB")
+a, b = runs["on"][1][-1], runs["off"][1][-1]
+keys = ["personalized_accuracy_mean", "personalized_loss_mean", "global_accuracy", "global_loss"]
+gap = max(abs(a[k] - b[k]) for k in keys)
+print(f"largest difference of {keys} after 10 rounds, stacked vs one by one: {gap:.2e}")
+ok = gap < 0.05 and pace["on"] < pace["off"]
+print("the main run stacks where allowed" if ok else "the main run trains one by one")
+open("/tmp/devdata/stack_ok", "w").write("1" if ok else "0")
+PY
+  ;;
+run)
+  python3 benchmarks/device_data.py unpack .devpack/b /tmp/devdata/cifar-10-batches-py
+  [ "$(ls /tmp/devdata/cifar-10-batches-py | wc -l)" = 7 ] || { echo "part a missing: the machine was not the same"; exit 3; }
+  stack=$([ "$(cat /tmp/devdata/stack_ok 2>/dev/null)" = 1 ] || echo --no-stack)
+  trap 'kill $(jobs -p) 2>/dev/null || true' EXIT   # the samplers below hold the output open: end them with the script
+  nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader,nounits -l 2 > "$OUT/gpu.csv" &
+  ( while sleep 60; do tar czf "$OUT/acid.tar.gz" -C /tmp acid 2>/dev/null || true; done ) &
+  FEDSWEEP_DATA_DIR=/tmp/devdata python3 benchmarks/device_sweep.py run sweeps/pfl_acid_cifar10.yaml \
+    --out /tmp/acid --workers 12 --time-box "$2" $stack
+  tar czf "$OUT/acid.tar.gz" -C /tmp acid
+  for f in /tmp/acid/*.jsonl; do python3 -c "
+import json, sys; lines = open(sys.argv[1]).read().splitlines(); h = json.loads(lines[0]); e = json.loads(lines[-1])
+print(h['trial'], h['overrides'].get('algorithm.name'), h['overrides'].get('algorithm.transform', ''), 'seed', h['overrides']['seed'],
+      'stacked' if h['vectorize_clients'] else 'one by one', 'reached', e.get('reached'), 'wall', round(e.get('wall_s', 0)))" "$f"; done
+  ;;
+esac

@@ -1,0 +1,175 @@
+"""A sweep file's trials in processes on this machine's GPU, without Ray or MLflow; then logged into MLflow here.
+
+For a lent GPU machine that has torch but neither Ray nor MLflow, and no internet (the `device` tool's: Ray's
+wheel alone, 79 MB, is over the 64 MiB a call may carry). Two steps:
+
+    python benchmarks/device_sweep.py run sweeps/pfl_acid_cifar10.yaml --out DIR [--workers 12] [--time-box 450]
+    python benchmarks/device_sweep.py log sweeps/pfl_acid_cifar10.yaml DIR     # here: one MLflow sweep, a run per trial
+
+``run``: each trial of the file (its grid × seeds, in the file's order) in its own process, ``--workers`` at a time,
+the whole experiment in that process (:class:`fedsweep.engine.Engine`, one host holding every client: a worker pool
+of one, as ``fedsweep run`` runs in process) with the clients' data and models on ``--device``; the clients a round
+samples train as one stacked computation where the algorithm allows it (``vectorize_clients``; ``--no-stack``: one
+by one). Neither changes what is computed (tests/test_conformance.py: a pool of one equals client actors, stacked
+equals one by one up to summation order). Every round's metrics are appended to ``DIR/trial_NNNN.jsonl`` as it
+ends; past ``--time-box`` seconds (from the command's start) a trial stops after its round and its last line says
+so. ``--rounds N`` cuts every trial to N rounds (a probe of the per-round cost; a cut run is never logged).
+
+``log``: a parent run tagged as ``fedsweep sweep`` tags it (:func:`fedsweep.sweep.sweep_tags`), then per trial a run
+with the trial's params and every round, through the same :class:`fedsweep.tracking.RunLogger` a trial uses; a
+trial stopped by the time box ends FINISHED with outcome ``stopped_early`` and the round it reached, as a
+scheduler's stop (``fedsweep table`` counts it and never chooses it). Each run is tagged ``fedsweep.device_run``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from multiprocessing import get_context
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from fedsweep.config import ConfigError
+from fedsweep.loading import load_sweep, validate
+
+
+def in_process(cfg, stack: bool):
+    """``cfg`` laid out as one process holding every client (a worker pool of one); stacked where allowed."""
+    raw = cfg.model_dump(mode="json", by_alias=True)
+    one = {"server_cpus": 0.2, "client_cpus": 0.8, "clients_per_actor": 1, "client_workers": 1}
+    alone = validate({**raw, "resources": {**raw["resources"], **one, "vectorize_clients": False}})
+    try:
+        return validate({**raw, "resources": {**raw["resources"], **one, "vectorize_clients": True}}) if stack else alone
+    except ConfigError:  # the algorithm trains its clients one by one (the message says why)
+        return alone
+
+
+def trial_file(out: Path, index: int) -> Path:
+    return out / f"trial_{index:04d}.jsonl"
+
+
+def run_trial(path: str, index: int, out: str, device: str, stack: bool, deadline: float, rounds: int | None) -> dict:
+    """Trial ``index`` of ``path`` to its last round (or ``rounds``, or the deadline), a line per round."""
+    import torch
+
+    from fedsweep.engine import Engine
+    from fedsweep.federation import compute_threads
+
+    sweep = load_sweep(path, check_cluster=False)
+    trial = sweep.trials[index]
+    cfg = in_process(trial.config, stack)
+    last = min(cfg.rounds, rounds) if rounds else cfg.rounds
+    name = torch.cuda.get_device_name(0) if device.startswith("cuda") else "cpu"
+    reached, diverged, start = -1, False, time.perf_counter()
+    with compute_threads(), trial_file(Path(out), index).open("w") as f:
+        head = {"trial": index, "overrides": trial.overrides, "yaml_sha1": sweep.source_hash(), "device": name,
+                "vectorize_clients": cfg.resources.vectorize_clients, "rounds": cfg.rounds, "cut_to": rounds}
+        f.write(json.dumps(head) + "\n")
+        engine = Engine(cfg, device)
+        f.write(json.dumps({"setup_s": time.perf_counter() - start}) + "\n")
+        for rnd in range(last + 1):
+            for m in engine.steps(rnd, rnd, 1):
+                f.write(json.dumps(m) + "\n")
+                f.flush()
+                reached, diverged = rnd, bool(m.get("diverged"))
+            if diverged or time.time() > deadline:
+                break
+        end = {"end": True, "reached": reached, "complete": reached >= cfg.rounds, "diverged": diverged,
+               "wall_s": time.perf_counter() - start, "clients": engine.client_table() if reached >= cfg.rounds else None}
+        if device.startswith("cuda"):
+            end["max_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20
+        f.write(json.dumps(end) + "\n")
+    return {k: v for k, v in end.items() if k != "clients"} | {"trial": index}
+
+
+def run(args) -> None:
+    deadline = time.time() + args.time_box
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    n = len(load_sweep(args.file, check_cluster=False).trials)
+    chosen = [int(i) for i in args.trials.split(",")] if args.trials else list(range(n))
+    with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn")) as pool:
+        jobs = [pool.submit(run_trial, args.file, i, str(out), args.device, not args.no_stack, deadline, args.rounds)
+                for i in chosen]
+        for job in as_completed(jobs):
+            print(json.dumps(job.result()), flush=True)
+
+
+def read_trial(path: Path) -> tuple[dict, list[dict], dict | None]:
+    """(head, rounds, end: None when the file stops mid-run) of a ``run`` file."""
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    head, rows = lines[0], [m for m in lines[1:] if "round" in m]
+    end = lines[-1] if lines[-1].get("end") else None
+    return head, rows, end
+
+
+def log(args) -> None:
+    import mlflow
+
+    from fedsweep.sweep import sweep_tags
+    from fedsweep.tracking import (
+        STOPPED_EARLY,
+        TAG_PREFIX,
+        RunLogger,
+        ensure_experiment,
+        resolve_tracking_uri,
+        trial_title,
+    )
+
+    sweep = load_sweep(args.file, check_cluster=False)
+    files = sorted(Path(args.dir).glob("trial_*.jsonl"))
+    trials = [read_trial(f) for f in files]
+    for f, (head, _, _) in zip(files, trials, strict=True):
+        if head["yaml_sha1"] != sweep.source_hash() or head["cut_to"]:
+            raise SystemExit(f"{f}: run from another version of {args.file}, or cut with --rounds: not logged")
+    first = sweep.trials[0].config
+    uri = resolve_tracking_uri(first.tracking.tracking_uri)
+    experiment_id = ensure_experiment(uri, first.tracking.experiment)
+    c = mlflow.MlflowClient(uri)
+    device = {head["device"] for head, _, _ in trials}
+    parent = c.create_run(experiment_id, run_name=sweep.settings.name,
+                          tags={**sweep_tags(sweep, len(trials)), f"{TAG_PREFIX}device_run": ", ".join(sorted(device))}).info.run_id
+    c.log_text(parent, sweep.source, "sweep.yaml")
+    for head, rows, end in trials:
+        trial = sweep.trials[head["trial"]]
+        cfg = in_process(trial.config, head["vectorize_clients"])
+        logger = RunLogger(uri, experiment_id, cfg, trial_title(cfg, trial.overrides), parent, trial.overrides,
+                           tags={f"{TAG_PREFIX}device_run": head["device"], f"{TAG_PREFIX}in_process": "true"})
+        for m in rows:
+            logger.log_round(m)
+        complete = bool(end and end["complete"])
+        diverged = bool(rows and rows[-1].get("diverged"))
+        logger.finish(end["clients"] if complete else None, "FAILED" if diverged else "FINISHED",
+                      "diverged" if diverged else (None if complete else STOPPED_EARLY))
+        if not complete and not diverged:
+            c.set_tag(logger.run_id, f"{TAG_PREFIX}stopped_after_round", str(int(rows[-1]["round"]) if rows else -1))
+    c.set_terminated(parent, "FINISHED")
+    print(f"logged {len(trials)} trial(s) under run {parent} of experiment {first.tracking.experiment!r} ({uri})")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="step", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("file")
+    r.add_argument("--out", required=True)
+    r.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    r.add_argument("--time-box", type=float, default=float("inf"), help="seconds from the start; then stop after a round")
+    r.add_argument("--device", default="cuda")
+    r.add_argument("--no-stack", action="store_true")
+    r.add_argument("--trials", help="comma-separated trial indices (default: all)")
+    r.add_argument("--rounds", type=int, help="cut every trial to this many rounds (a probe; never logged)")
+    lg = sub.add_parser("log")
+    lg.add_argument("file")
+    lg.add_argument("dir")
+    args = ap.parse_args(argv)
+    run(args) if args.step == "run" else log(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""The route of a sweep to a lent GPU machine that has neither Ray nor MLflow (benchmarks/device_data.py,
+benchmarks/device_sweep.py): CIFAR-10's files packed and rebuilt byte for byte; a sweep file's trials run in
+processes without Ray or MLflow, then logged here so that ``fedsweep table`` reads them as a sweep's."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from benchmarks import device_data
+from benchmarks.device_sweep import in_process, read_trial
+from fedsweep.engine import run_local
+from fedsweep.loading import load_sweep
+from fedsweep.table import load_runs
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_codec_is_lossless_on_smooth_and_noisy_images():
+    rng = np.random.default_rng(0)
+    ramp = np.tile(np.arange(32, dtype=np.uint8) * 8, (4, 3, 32, 1)).reshape(4, -1)  # what the predictor gets right
+    noisy = rng.integers(0, 256, (5, 3072), dtype=np.uint8)  # what it cannot
+    edges = np.where(rng.random((3, 3072)) < 0.5, 0, 255).astype(np.uint8)
+    for pixels in (ramp, noisy, edges):
+        assert np.array_equal(device_data.decode(device_data.encode(pixels), len(pixels)), pixels)
+    assert len(device_data.encode(ramp)) < ramp.size / 20  # residuals of a ramp are nearly all zero
+
+
+def test_pack_and_unpack_rebuild_every_file_and_refuse_a_changed_one(tmp_path):
+    device_data.stand_in_cifar10(tmp_path / "src", per_class=6)  # Python 3's protocol 2: stored as they are
+    src = tmp_path / "src" / "cifar-10-batches-py"
+    rng = np.random.default_rng(1)  # protocol 4 stores the pixels as one run of bytes, as CIFAR's own files do
+    batch = {b"labels": list(range(10)) * 6, b"data": rng.integers(0, 256, (60, 3072), dtype=np.uint8)}
+    (src / "data_batch_9").write_bytes(pickle.dumps(batch, protocol=4))
+    device_data.pack(src, tmp_path / "pack", parts=2)
+    parts = sorted((tmp_path / "pack").iterdir())
+    assert [p.name for p in parts] == ["part_0", "part_1"]
+    for part in parts:
+        device_data.unpack(part, tmp_path / "out")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(p.name for p in src.iterdir())
+    for original in src.iterdir():
+        assert (tmp_path / "out" / original.name).read_bytes() == original.read_bytes()
+    [blob] = (tmp_path / "pack").glob("*/data_batch_9.pixels.xz")
+    pixels = device_data.decode(blob.read_bytes(), 60)
+    pixels[0, 0] ^= 1
+    blob.write_bytes(device_data.encode(pixels))
+    with pytest.raises(SystemExit, match="differs from the original"):
+        device_data.unpack(blob.parent, tmp_path / "again")
+
+
+SWEEP = """
+name: device-route
+data: {dataset: synthetic, num_clients: 6}
+rounds: 3
+eval_every: 1
+model: {name: mlp, hidden: [8]}
+algorithm:
+  grid:
+    - {name: fedavg, beta: 0.05, r: 0.5, tau: 2, batch_size: 10}
+    - {name: pfldyn, transform: {grid: [maml, proto]}, alpha: 0.01, beta: 0.05, lambda: 0.01, r: 0.5, tau: 2, batch_size: 10}
+tracking: {experiment: device-route}
+sweep: {name: device-route, seeds: [0, 1]}
+"""
+
+# The machine has neither: the run step must not import them.
+WITHOUT_RAY_AND_MLFLOW = (
+    "import sys, runpy\n"
+    "for m in ('ray', 'mlflow'): sys.modules[m] = None\n"
+    "sys.argv = ['device_sweep.py', *sys.argv[1:]]\n"
+    "runpy.run_path('benchmarks/device_sweep.py', run_name='__main__')\n"
+)
+
+
+def _run(file: Path, out: Path, *more: str) -> None:
+    cmd = [sys.executable, "-c", WITHOUT_RAY_AND_MLFLOW, "run", str(file), "--out", str(out), "--device", "cpu",
+           "--workers", "2", *more]
+    subprocess.run(cmd, cwd=ROOT, check=True, timeout=300)
+
+
+def _log(file: Path, folder: Path, uri: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "benchmarks/device_sweep.py", "log", str(file), str(folder)], cwd=ROOT,
+                          check=check, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "MLFLOW_TRACKING_URI": uri})
+
+
+def test_trials_run_without_ray_or_mlflow_and_log_as_a_sweep(tmp_path):
+    file = tmp_path / "device_route.yaml"
+    file.write_text(SWEEP)
+    _run(file, tmp_path / "out")
+    sweep = load_sweep(file, check_cluster=False)
+    files = sorted((tmp_path / "out").glob("trial_*.jsonl"))
+    assert len(files) == len(sweep.trials) == 6
+    for f in files:  # each trial's rounds are those of the same trial run in this process
+        head, rows, end = read_trial(f)
+        assert end["complete"] and not end["diverged"] and len(end["clients"]) == 6
+        cfg = in_process(sweep.trials[head["trial"]].config, stack=True)
+        assert head["vectorize_clients"] == cfg.resources.vectorize_clients
+        expected, _ = run_local(cfg)
+        assert [{k: v for k, v in m.items() if k != "wall_time_s"} for m in rows] == expected
+    assert [read_trial(f)[0]["vectorize_clients"] for f in files] == [True, True, True, True, False, False]
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    _log(file, tmp_path / "out", uri)
+    runs, tags = load_runs(uri, "device-route")
+    assert tags["fedsweep.sweep"] == "true" and tags["fedsweep.yaml_sha1"] == sweep.source_hash()
+    assert tags["fedsweep.device_run"] == "cpu"
+    assert len(runs) == 6 and set(runs["outcome"]) == {"finished"}
+    for f in files:
+        head, rows, _ = read_trial(f)
+        run = runs[(runs["algorithm"] == head["overrides"]["algorithm.name"]) & (runs["seed"] == head["overrides"]["seed"])
+                   & (runs["setting_label"].str.contains(head["overrides"].get("algorithm.transform", "")))]
+        assert run["personalized_accuracy_mean"].tolist() == [rows[-1]["personalized_accuracy_mean"]]
+
+
+def test_a_time_box_stops_trials_and_they_log_as_stopped_early(tmp_path):
+    file = tmp_path / "device_route.yaml"
+    file.write_text(SWEEP.replace("device-route", "device-box"))
+    _run(file, tmp_path / "out", "--time-box", "0", "--trials", "0,4")
+    ends = [read_trial(f)[2] for f in sorted((tmp_path / "out").glob("trial_*.jsonl"))]
+    assert [(e["reached"], e["complete"]) for e in ends] == [(0, False), (0, False)]
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    _log(file, tmp_path / "out", uri)
+    runs, _ = load_runs(uri, "device-box")
+    assert runs["outcome"].tolist() == ["stopped_early", "stopped_early"]
+    cut = tmp_path / "cut"
+    _run(file, cut, "--rounds", "1", "--trials", "0")
+    assert json.loads((cut / "trial_0000.jsonl").read_text().splitlines()[0])["cut_to"] == 1
+    refused = _log(file, cut, uri, check=False)
+    assert refused.returncode != 0 and "cut with --rounds" in refused.stderr
