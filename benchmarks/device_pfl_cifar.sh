@@ -9,11 +9,12 @@
 #                unpacks part a to /tmp/devdata (the copy of the repository there keeps no ignored folder between
 #                calls; /tmp stays while the machine is held); per-round cost of PFLDyn-MAML on stand-in files,
 #                stacked and one by one, on the GPU ("unpack" instead: part a alone)
-#   call 2:      bash benchmarks/device_pfl_cifar.sh run SECONDS   carry: .devpack/b .whl
-#                unpacks part b (every file's SHA-256 checked); the file's 12 trials at once, each in its own
-#                process on the GPU, stopping after the round that passes SECONDS; $OUT/acid.tar.gz holds a
-#                .jsonl per trial, $OUT/gpu.csv nvidia-smi's samples
-#   here:        tar xzf acid.tar.gz && python benchmarks/device_sweep.py log sweeps/pfl_acid_cifar10.yaml acid
+#   call 2:      bash benchmarks/device_pfl_cifar.sh run SECONDS [FILE]   carry: .devpack/b .whl
+#                unpacks part b (every file's SHA-256 checked); the file's 12 trials at once (FILE: the sweep
+#                file, sweeps/pfl_acid_cifar10.yaml unless given; sweeps/pfl_alid_cifar10.yaml for Table 2), each in
+#                its own process on the GPU, stopping after the round that passes SECONDS; $OUT/trials.tar.gz
+#                holds a .jsonl per trial, $OUT/gpu.csv nvidia-smi's samples
+#   here:        tar xzf trials.tar.gz && python benchmarks/device_sweep.py log FILE trials
 set -euo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
@@ -62,11 +63,11 @@ run)
   stack=$([ "$(cat /tmp/devdata/stack_ok 2>/dev/null)" = 1 ] || echo --no-stack)
   trap 'kill $(jobs -p) 2>/dev/null || true' EXIT   # the samplers below hold the output open: end them with the script
   nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader,nounits -l 2 > "$OUT/gpu.csv" &
-  ( while sleep 60; do tar czf "$OUT/acid.tar.gz" -C /tmp acid 2>/dev/null || true; done ) &
-  FEDSWEEP_DATA_DIR=/tmp/devdata python3 benchmarks/device_sweep.py run sweeps/pfl_acid_cifar10.yaml \
-    --out /tmp/acid --workers 12 --time-box "$2" $stack
-  tar czf "$OUT/acid.tar.gz" -C /tmp acid
-  for f in /tmp/acid/*.jsonl; do python3 -c "
+  ( while sleep 60; do tar czf "$OUT/trials.tar.gz" -C /tmp trials 2>/dev/null || true; done ) &
+  FEDSWEEP_DATA_DIR=/tmp/devdata python3 benchmarks/device_sweep.py run "${3:-sweeps/pfl_acid_cifar10.yaml}" \
+    --out /tmp/trials --workers 12 --time-box "$2" $stack
+  tar czf "$OUT/trials.tar.gz" -C /tmp trials
+  for f in /tmp/trials/*.jsonl; do python3 -c "
 import json, sys; lines = open(sys.argv[1]).read().splitlines(); h = json.loads(lines[0]); e = json.loads(lines[-1])
 print(h['trial'], h['overrides'].get('algorithm.name'), h['overrides'].get('algorithm.transform', ''), 'seed', h['overrides']['seed'],
       'stacked' if h['vectorize_clients'] else 'one by one', 'reached', e.get('reached'), 'wall', round(e.get('wall_s', 0)))" "$f"; done

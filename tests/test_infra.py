@@ -145,6 +145,16 @@ def test_the_cpu_cut_of_the_pfl_protocol_differs_from_it_only_where_it_says():
         k: v for k, v in full["sweep"].items() if k not in ("name", "seeds", "max_concurrent_trials")}
 
 
+def test_the_pfl_alid_protocol_is_the_acid_one_with_the_labels_permuted():
+    acid = yaml.safe_load((ROOT / "sweeps" / "pfl_acid_cifar10.yaml").read_text())
+    alid = yaml.safe_load((ROOT / "sweeps" / "pfl_alid_cifar10.yaml").read_text())
+    assert (acid["data"]["partition"].pop("name"), alid["data"]["partition"].pop("name")) == ("acid", "alid")
+    for doc in (acid, alid):
+        doc.pop("name"), doc["tracking"].pop("experiment"), doc["sweep"].pop("name")
+    assert alid == acid
+    assert len(load_sweep(ROOT / "sweeps" / "pfl_alid_cifar10.yaml", check_cluster=False).trials) == 12
+
+
 @pytest.mark.parametrize("variant, protocol, key, values", [
     # the Per-FedAvg MNIST protocol averages with the paper's plain mean; its ablation weights by sample counts
     ("perfedavg_table1_mnist_weighted", "perfedavg_table1_mnist", "aggregation", ("uniform", "weighted")),
