@@ -109,13 +109,12 @@ def read_trial(path: Path) -> tuple[dict, list[dict], dict | None]:
 
 
 def log(args) -> None:
-    import mlflow
-
     from fedsweep.sweep import sweep_tags
     from fedsweep.tracking import (
         STOPPED_EARLY,
         TAG_PREFIX,
         RunLogger,
+        client,
         ensure_experiment,
         resolve_tracking_uri,
         trial_title,
@@ -130,7 +129,7 @@ def log(args) -> None:
     first = sweep.trials[0].config
     uri = resolve_tracking_uri(first.tracking.tracking_uri)
     experiment_id = ensure_experiment(uri, first.tracking.experiment)
-    c = mlflow.MlflowClient(uri)
+    c = client(uri)
     device = {head["device"] for head, _, _ in trials}
     parent = c.create_run(experiment_id, run_name=sweep.settings.name,
                           tags={**sweep_tags(sweep, len(trials)), f"{TAG_PREFIX}device_run": ", ".join(sorted(device))}).info.run_id
