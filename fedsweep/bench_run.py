@@ -37,6 +37,11 @@ def _run(sweep: Sweep, resume: bool, parent: str, verbose: int) -> dict[str, Any
     return run_sweep(sweep, verbose=verbose, resume=resumable, tags={PARENT_TAG: parent, f"{TAG_PREFIX}bench": sweep.settings.name})
 
 
+class Interrupted(Exception):
+    """A phase's sweep returned with trials that never ran and none failed: it was stopped (Ctrl-C; Tune saves its
+    state and returns without an error). The benchmark stops there, every later cell unstarted; ``--resume`` goes on."""
+
+
 def run_bench(bench: Bench, output: str | Path, resume: bool = False, verbose: int = 1) -> tuple[Path, int]:
     """The tuning sweep of the methods without a choice yet, the final sweep of those without final runs, then
     the tables; returns the folder and the number of sweeps that did not finish (``--resume`` reruns them)."""
@@ -73,10 +78,9 @@ def run_bench(bench: Bench, output: str | Path, resume: bool = False, verbose: i
             return folder, 1
         runs, _ = load_runs(uri, experiment, out["parent_run_id"])
         owed = [s for s, k in bench.owner().items() if k in pending]
-        if missing := missing_runs(runs, owed, bench.sweep_section["seeds"]):
-            print(f"[bench {bench.name}] the tuning sweep stopped with {missing} of {len(owed) * len(bench.sweep_section['seeds'])} "
-                  "runs missing; nothing chosen; --resume goes on with it", file=sys.stderr)
-            return folder, 1
+        if missing := missing_runs(runs, owed, bench.sweep_section["seeds"]):  # no trial failed: the sweep was stopped
+            raise Interrupted(f"[bench {bench.name}] the tuning sweep stopped with {missing} of "
+                              f"{len(owed) * len(bench.sweep_section['seeds'])} runs missing; nothing chosen")
         method = runs["setting"].map(bench.owner())
         for key, chosen in chosen_settings(bench, runs, pending).items():
             mine = runs[method == key]
@@ -90,6 +94,8 @@ def run_bench(bench: Bench, output: str | Path, resume: bool = False, verbose: i
         out = _run(sweep, resume, state["run_id"], verbose)
         final, _ = load_runs(uri, experiment, out["parent_run_id"])
         missing = missing_runs(final, list(sections), bench.settings.final_seeds)
+        if missing and not out["errors"]:  # trials not run and none failed: the sweep was stopped
+            raise Interrupted(f"[bench {bench.name}] the final sweep stopped with {missing} run(s) missing")
         if out["errors"] or missing:
             print(f"[bench {bench.name}] the final sweep did not finish ({out['errors']} trial(s) failed, {missing} run(s) "
                   "missing); --resume goes on with it", file=sys.stderr)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from fedsweep.config import ConfigError
 
-EXIT_FAILED, EXIT_BAD_INPUT = 1, 2
+EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 1, 2, 130  # 130: as a shell reports a command ended by Ctrl-C
 
 
 def _print_problems(err: ConfigError) -> int:
@@ -154,7 +154,7 @@ def cmd_bench(args) -> int:
     from pathlib import Path
 
     from fedsweep.bench import load_bench
-    from fedsweep.bench_run import heatmap_figure, run_bench
+    from fedsweep.bench_run import Interrupted, heatmap_figure, run_bench
     from fedsweep.table import merged_markdown, merged_table
 
     only = [m for m in (args.methods or "").split(",") if m] or None
@@ -163,7 +163,13 @@ def cmd_bench(args) -> int:
     for bench in benches:
         print(f"{bench.path}: {len(bench.tunes)} method(s), each {bench.budgets[0]} setting(s) on seeds "
               f"{bench.sweep_section['seeds']}, the chosen one(s) on seeds {bench.settings.final_seeds}", flush=True)
-        folder, n = run_bench(bench, args.output, resume=args.resume, verbose=0 if args.quiet else 1)
+        try:
+            folder, n = run_bench(bench, args.output, resume=args.resume, verbose=0 if args.quiet else 1)
+        except Interrupted as stop:
+            later = benches[benches.index(bench) + 1 :]
+            print(f"{stop}; the benchmark stops here{f' ({len(later)} file(s) after it not started)' if later else ''}; "
+                  "--resume goes on with it", file=sys.stderr)
+            return EXIT_INTERRUPTED
         failed += n
         table_file = folder / f"table_b{bench.budgets[0]}.md"
         if table_file.exists():

@@ -142,6 +142,28 @@ def problems(path) -> str:
     return str(err.value)
 
 
+def test_a_sweep_stopped_before_its_end_stops_the_whole_benchmark(tracking_uri, files, monkeypatch, capsys):
+    """Ctrl-C ends a Tune run without an error; the benchmark must then stop, not go on to the next file. The
+    sweep here is our own stand-in for a stopped one (its parent run in the real store, none of its trials run):
+    what is tested is the benchmark's reaction, not Tune's."""
+    from fedsweep import bench_run
+    from fedsweep.tracking import client, ensure_experiment
+
+    def stopped(sweep, resume, parent, verbose):
+        experiment_id = ensure_experiment(tracking_uri, "bench-test")
+        run = client(tracking_uri).create_run(experiment_id, tags={"fedsweep.sweep": "true"}).info.run_id
+        return {"errors": 0, "parent_run_id": run}
+
+    monkeypatch.setattr(bench_run, "_run", stopped)
+    folder, a, b = files
+    out = folder / "results"
+    assert main(["bench", a, b, "--output", str(out), "--quiet"]) == 130
+    err = capsys.readouterr().err
+    assert "[bench skew] the tuning sweep stopped with 6 of 6 runs missing" in err and "1 file(s) after it not started" in err
+    assert "chosen" not in json.dumps(json.loads((out / "skew" / "bench_state.json").read_text()))
+    assert not (out / "dirichlet").exists()
+
+
 def test_a_benchmark_file_that_would_give_unequal_budgets_is_refused_before_anything_runs(tmp_path):
     methods = {"methods": {
         "fedavg": {"name": "fedavg", "local_lr": {"grid": [0.05, 0.1]}},  # a grid: two points, more tries
