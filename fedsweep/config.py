@@ -53,6 +53,11 @@ Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
 RAY_ADDRESS_PATTERN = r"^(auto|local|(ray://)?[A-Za-z0-9._\-]+:[0-9]{1,5})$"
 
 
+def unstackable() -> list[str]:
+    """The algorithms whose step, at their defaults, does not run on stacked clients (``can_vectorize``)."""
+    return sorted(name for name, cls in ALGORITHMS.items() if not cls(cls.Params()).can_vectorize())
+
+
 class ResourcesConfig(StrictModel):
     """Ray resources of one trial: a placement group of one server bundle and one bundle per client.
 
@@ -83,7 +88,8 @@ class ResourcesConfig(StrictModel):
         False,
         description="Train the clients packed in one actor as one batched computation (torch.func.vmap over "
         "their stacked parameters) instead of one after the other; same samples, same numbers up to "
-        "floating-point summation order. Not for the proto transform (pavg, pfldyn/pflscaf with transform: proto).",
+        "floating-point summation order. Not for an algorithm whose step is not elementwise per client (refused "
+        "before anything runs, with the names of those algorithms).",
     )
     placement_strategy: Literal["pack", "spread"] = Field(
         "pack",
@@ -227,10 +233,9 @@ class ExperimentConfig(StrictModel):
             )
         algorithm = ALGORITHMS[hp.name](hp) if self.resources.vectorize_clients else None
         if algorithm is not None and not algorithm.can_vectorize():
-            why = " (the proto transform)" if getattr(algorithm, "transform", None) == "proto" else ""
             raise FieldError(
-                "resources.vectorize_clients", f"true, but algorithm.name={hp.name}{why} trains its clients one by one; "
-                "allowed: false, or an algorithm whose step stacks (`fedsweep algorithms`)"
+                "resources.vectorize_clients", f"true, but algorithm.name={hp.name} trains its clients one by one; "
+                f"allowed: false, or an algorithm other than {', '.join(unstackable())}"
             )
         if self.model.name == "cnn":
             parameter_count(self.model, input_features(self.data), num_classes(self.data))  # raises if the inputs are not images it can take

@@ -36,7 +36,7 @@ def auto_layout(raw: dict, cpus: int) -> dict:
     workload and in section 1 of docs/performance.md:
 
     - an algorithm whose clients train as one stacked computation (``vectorize_clients``; every algorithm but the
-      proto transform) on an ``mlr`` or ``mlp`` model: a worker pool of one, the ServerActor training each round's
+      proto transform, whose stacked step has not been timed on the CPU) on an ``mlr`` or ``mlp`` model: a worker pool of one, the ServerActor training each round's
       clients together, on one CPU (``server_cpus`` 0.2 + ``client_cpus`` 0.8). The stack is always the round's
       sampled clients, whatever the machine, so the numbers do not depend on the CPUs found (they equal one by one
       up to floating-point summation order). Measured in docs/performance.md, section 8 (twelfth session).
@@ -71,4 +71,8 @@ def _stacks(raw: dict) -> bool:
         hp = TypeAdapter(AlgorithmParams).validate_python(algorithm, strict=True)
     except ValidationError:
         return False  # reported by the validation that follows
-    return ALGORITHMS[hp.name](hp).can_vectorize()
+    algorithm = ALGORITHMS[hp.name](hp)
+    # The proto transform stacks (``vectorize_clients: true``; written for the GPU, where stacking paid 3.06× for
+    # MAML, docs/performance.md "GPU in process"), but its stacked step has not been timed on these CPU layouts:
+    # chosen automatically, it trains one by one, as before.
+    return algorithm.can_vectorize() and getattr(algorithm, "transform", None) != "proto"

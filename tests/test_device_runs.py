@@ -104,7 +104,7 @@ def test_trials_run_without_ray_or_mlflow_and_log_as_a_sweep(tmp_path):
         assert head["vectorize_clients"] == cfg.resources.vectorize_clients
         expected, _ = run_local(cfg)
         assert [{k: v for k, v in m.items() if k != "wall_time_s"} for m in rows] == expected
-    assert [read_trial(f)[0]["vectorize_clients"] for f in files] == [True, True, True, True, False, False]
+    assert all(read_trial(f)[0]["vectorize_clients"] for f in files)  # the proto transform stacks too
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     _log(file, tmp_path / "out", uri)

@@ -67,6 +67,9 @@ VECTORIZABLE = {
     "pfldyn_maml": {"name": "pfldyn", "transform": "maml", "personalization_lr": 0.05},
     "pfldyn_maml_second_order": {"name": "pfldyn", "transform": "maml", "personalization_lr": 0.05, "maml_order": 2},
     "pflscaf_maml": {"name": "pflscaf", "transform": "maml", "personalization_lr": 0.05},
+    "pfldyn_proto": {"name": "pfldyn", "transform": "proto"},
+    "pflscaf_proto": {"name": "pflscaf", "transform": "proto"},
+    "pavg": {"name": "pavg"},
 }
 
 
@@ -96,9 +99,42 @@ def test_vectorized_training_reaches_the_same_model(key):
             assert b[k] == pytest.approx(a[k], abs=1e-4), (key, k)
 
 
-def test_vectorizing_a_proto_algorithm_is_refused_early():
-    raw = config_dict(algorithm={"_replace": True, "name": "pavg"})
+def test_vectorizing_an_algorithm_that_trains_one_by_one_is_refused_early_naming_them():
+    raw = config_dict(algorithm={"_replace": True, "name": "moon"})
     raw["resources"]["vectorize_clients"] = True
     with pytest.raises(ConfigError) as err:
         validate(raw)
-    assert "resources.vectorize_clients" in str(err.value) and "proto" in str(err.value)
+    assert "resources.vectorize_clients" in str(err.value) and "fedala, feddbe, fedem, fedfomo, fedpac, fedproto, moon" in str(err.value)
+
+
+def test_stacked_proto_loss_and_gradient_are_each_clients_own():
+    """The Proto step on stacked clients: each client's centroids from its own support samples (padding left out),
+    its query samples whose class its support lacks left out, its own mean; ragged sizes (3 < batch 8 ≤ 11, 30)."""
+    from fedsweep.algorithms.transforms import proto_loss
+
+    model, ctxs = contexts([3, 11, 30], seed=4)
+    x = torch.randn(12, 5, generator=torch.Generator().manual_seed(5))
+    y = torch.tensor([0] * 10 + [1, 2])  # rare classes: a support batch of 8 can lack one its query batch has
+    ctxs.append(ClientContext(model, ClientData(x, y, x, y), torch.Generator().manual_seed(103)))
+    twins = [ClientContext(c.model, c.data, torch.Generator().manual_seed(100 + i)) for i, c in enumerate(ctxs)]
+    w = torch.stack([model.initial_vector(s) for s in range(4)])
+    stacked = StackedContext(ctxs)
+    support, query = stacked.batch(8), stacked.batch(8)
+    g, values = grad(lambda v, q: proto_loss(stacked, v, support, q), w, query)
+    left_out = 0
+    for c, ctx in enumerate(twins):
+        own_support, own_query = ctx.batch(8), ctx.batch(8)
+        left_out += int((~torch.isin(own_query[1], own_support[1])).sum())
+        g_c, v_c = grad(lambda v, q, ctx=ctx, s=own_support: proto_loss(ctx, v, s, q), w[c], own_query)
+        assert values[c].item() == pytest.approx(v_c, rel=1e-5, abs=1e-6)
+        assert torch.allclose(g[c], g_c, atol=1e-5)
+    assert left_out > 0  # the case of a query class absent from the support set was exercised
+
+
+def test_the_automatic_layout_keeps_the_proto_transform_one_by_one():
+    """Proto stacks when asked; the layout chosen automatically does not stack it (not timed on the CPU)."""
+    from fedsweep.layout import auto_layout
+
+    for algorithm in ({"name": "pavg"}, {"name": "pfldyn", "transform": "proto"}):
+        assert "vectorize_clients" not in auto_layout({"model": {"name": "mlp"}, "algorithm": algorithm}, 2)["resources"]
+    assert auto_layout({"model": {"name": "mlp"}, "algorithm": {"name": "pfldyn", "transform": "maml"}}, 2)["resources"]["vectorize_clients"]

@@ -14,9 +14,10 @@ a :class:`StackedContext` instead of C times on a :class:`~fedsweep.algorithms.b
   than the batch size uses them all) are padded with ignored labels, and each client's loss is the
   mean over its own samples.
 
-This is exact for algorithms whose client step is elementwise in w apart from f_i (every algorithm
-here except the Proto transform, whose class centroids are per-client data structures); results match
-the one-by-one path up to floating-point summation order.
+This is exact for algorithms whose client step is elementwise in w apart from f_i, and for the Proto
+transform, whose class centroids the stacked step computes per client from that client's own support
+samples (``transforms._stacked_scores``); results match the one-by-one path up to floating-point summation
+order.
 """
 
 from __future__ import annotations

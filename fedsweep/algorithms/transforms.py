@@ -22,14 +22,18 @@ from collections.abc import Callable
 from typing import Literal
 
 import torch
+import torch.nn.functional as F
 
 from fedsweep.algorithms.base import Batch, ClientContext, State, grad, hessian_vector, sgd
+from fedsweep.algorithms.stacked import PAD, StackedContext
 
 Transform = Literal["identity", "maml", "proto"]
 
 
 def proto_scores(ctx: ClientContext, w: torch.Tensor, support: Batch, x: torch.Tensor) -> torch.Tensor:
     """−‖r_w(x) − c_k‖² for every class k; classes absent from ``support`` score −inf."""
+    if isinstance(ctx, StackedContext):
+        return _stacked_scores(ctx, w, support, x)
     xs, ys = support
     feats = ctx.model.features(w, xs)
     num_classes = ctx.model.num_classes
@@ -40,9 +44,27 @@ def proto_scores(ctx: ClientContext, w: torch.Tensor, support: Batch, x: torch.T
     return scores.masked_fill(counts == 0, float("-inf"))
 
 
+def _stacked_scores(ctx: StackedContext, w: torch.Tensor, support: Batch, x: torch.Tensor) -> torch.Tensor:
+    """:func:`proto_scores` of C stacked clients: ``w`` [C, P], padded ``support`` and ``x`` [C, B, …] → [C, B, K].
+    Each client's centroids are its own support samples' (padding rows, label PAD, count for none)."""
+    xs, ys = support
+    feats = torch.func.vmap(ctx.model.features)(w, xs)
+    member = F.one_hot(ys.clamp(min=0), ctx.model.num_classes).to(feats.dtype) * (ys != PAD).unsqueeze(-1)
+    counts = member.sum(1)
+    centroids = member.transpose(1, 2) @ feats / counts.clamp(min=1).unsqueeze(-1)
+    scores = -torch.cdist(torch.func.vmap(ctx.model.features)(w, x), centroids).pow(2)
+    return scores.masked_fill((counts == 0).unsqueeze(1), float("-inf"))
+
+
 def proto_loss(ctx: ClientContext, w: torch.Tensor, support: Batch, query: Batch) -> torch.Tensor:
     x, y = query
     scores = proto_scores(ctx, w, support, x)
+    if isinstance(ctx, StackedContext):  # (f_c)_c: each client's mean over its own samples that can be scored
+        scorable = y != PAD
+        keep = scorable & torch.isfinite(scores.gather(2, torch.where(scorable, y, 0).unsqueeze(-1)).squeeze(-1))
+        target = torch.where(keep, y, scores.argmax(-1))  # a finite class where a sample is left out: no inf, no NaN
+        ce = F.cross_entropy(scores.flatten(0, 1), target.flatten(), reduction="none").view(y.shape)
+        return torch.where(keep, ce, 0).sum(1) / keep.sum(1).clamp(min=1)
     # A query label absent from the support set cannot be scored; such samples are left out.
     keep = torch.isfinite(scores.gather(1, y.unsqueeze(1))).squeeze(1)
     if not bool(keep.any()):
@@ -94,8 +116,9 @@ class TransformHooks:
         return 0.0
 
     def can_vectorize(self) -> bool:
-        """Proto's class centroids are per-client structures; identity and MAML are elementwise in w."""
-        return self.transform != "proto"
+        """Identity and MAML are elementwise in w; Proto's centroids are computed per client from its own support
+        samples in the stacked step too (:func:`_stacked_scores`)."""
+        return True
 
     def local_sgd(
         self, ctx: ClientContext, w0: torch.Tensor, lr: float, steps: int, batch_size: int | None, correction: Callable | None = None
