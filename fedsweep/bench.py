@@ -40,7 +40,7 @@ from pydantic import Field, ValidationError
 
 from fedsweep.algorithms import ALGORITHMS
 from fedsweep.checks import check_before_start
-from fedsweep.config import ConfigError, Seed, Sweep, Trial
+from fedsweep.config import ConfigError, Seed, Sweep, Trial, without_new_defaults
 from fedsweep.loading import _alias_of, _format_errors, _short, _where, flatten_grids, read_yaml, sweep_from
 from fedsweep.schema import StrictModel
 from fedsweep.search import distributions
@@ -80,9 +80,11 @@ class Bench:
 
     @cached_property
     def sections(self) -> dict[str, dict[str, dict[str, Any]]]:
-        """Method -> setting key (``fedsweep.setting``) -> its algorithm section, exactly, in the order drawn."""
-        return {key: {t.config.setting_key(): t.config.algorithm.model_dump(mode="json") for t in sweep.trials}
-                for key, sweep in self.tunes.items()}
+        """Method -> setting key (``fedsweep.setting``) -> its algorithm section, exactly, in the order drawn (the
+        fields added at their default left out, as from the key: the composed sweeps' text, which a resume matches,
+        stays the same when such a field is added)."""
+        return {key: {t.config.setting_key(): without_new_defaults("algorithm", t.config.algorithm.model_dump(mode="json"))
+                      for t in sweep.trials} for key, sweep in self.tunes.items()}
 
     def owner(self) -> dict[str, str]:
         """Setting key -> the method that drew it."""

@@ -279,9 +279,7 @@ class ExperimentConfig(StrictModel):
         """Identity of a hyperparameter setting: everything that changes the numbers, except the seed. A field of
         :data:`KEY_OMITS_AT_DEFAULT` at its default is left out: the runs made before it existed keep their keys."""
         d = self.model_dump(mode="json", exclude={"seed", "name", "resources", "tracking"})
-        for (section, field), default in KEY_OMITS_AT_DEFAULT.items():
-            if d.get(section, {}).get(field, default) == default:
-                d.get(section, {}).pop(field, None)
+        d = {name: without_new_defaults(name, value) if isinstance(value, dict) else value for name, value in d.items()}
         return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
     def flat_params(self) -> dict[str, Any]:
@@ -292,7 +290,12 @@ class ExperimentConfig(StrictModel):
 #: Fields added after benchmark results were recorded (``fedsweep bench``'s state keeps setting keys), whose
 #: default is the behaviour from before them: at that default they stay out of a setting's identity
 #: (:meth:`ExperimentConfig.setting_key`), so those results keep their keys; any other value is part of it.
-KEY_OMITS_AT_DEFAULT: dict[tuple[str, str], Any] = {("data", "subsample"): 1.0}
+KEY_OMITS_AT_DEFAULT: dict[tuple[str, str], Any] = {("data", "subsample"): 1.0, ("algorithm", "maml_steps"): 1}
+
+
+def without_new_defaults(section: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """``fields`` (a dumped ``section``) without the :data:`KEY_OMITS_AT_DEFAULT` fields that are at their default."""
+    return {k: v for k, v in fields.items() if KEY_OMITS_AT_DEFAULT.get((section, k), object()) != v}
 
 
 class ASHASettings(StrictModel):

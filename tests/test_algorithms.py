@@ -88,6 +88,58 @@ def test_second_order_maml_differentiates_through_the_inner_step_on_a_quadratic(
     assert (second - through).abs().max() < 1e-10
 
 
+def test_several_maml_steps_match_the_closed_form_on_a_quadratic():
+    """maml_steps k: k inner steps on the support batch, w_{j+1} = w_j − η(A_D w_j − b_D); order 1 takes the query
+    gradient at w_k, order 2 multiplies it by (I − ηA_D)^k (the chain rule through the k steps); both equal autograd."""
+    (a1, b1), (a2, b2) = spd(5, 1), spd(5, 2)
+    w = torch.randn(5, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    eta, k = 0.1, 3
+    w_k = w
+    for _ in range(k):
+        w_k = w_k - eta * (a1 @ w_k - b1)
+    g_query = a2 @ w_k - b2
+    first, _ = transformed_gradient(QuadraticClient((a1, b1), (a2, b2)), "maml", w, eta, None, maml_order=1, maml_steps=k)
+    assert (first - g_query).abs().max() < 1e-12
+    second, _ = transformed_gradient(QuadraticClient((a1, b1), (a2, b2)), "maml", w, eta, None, maml_order=2, maml_steps=k)
+    shrink = torch.linalg.matrix_power(torch.eye(5, dtype=torch.float64) - eta * a1, k)
+    assert (second - shrink @ g_query).abs().max() < 1e-10
+    v = w.clone().requires_grad_(True)
+    inner = v
+    for _ in range(k):
+        inner = inner - eta * (a1 @ inner - b1)
+    (through,) = torch.autograd.grad(quadratic(inner, (a2, b2)), v)
+    assert (second - through).abs().max() < 1e-10
+
+
+def test_several_maml_steps_personalize_with_as_many_full_batch_steps():
+    from fedsweep.algorithms.transforms import personalized
+
+    class Client:
+        loss = staticmethod(quadratic)
+
+        def __init__(self, data):
+            self.data = data
+
+        def train_data(self):
+            return self.data
+
+    a, b = spd(5, 1)
+    w = torch.randn(5, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    expected = w
+    for _ in range(4):
+        expected = expected - 0.05 * (a @ expected - b)
+    assert (personalized(Client((a, b)), "maml", w, 0.05, steps=4) - expected).abs().max() < 1e-12
+    assert torch.equal(personalized(Client((a, b)), "proto", w, 0.05, steps=4), w)
+
+
+def test_maml_steps_is_refused_without_the_maml_transform_and_stays_out_of_the_key_at_one():
+    with pytest.raises(ConfigError, match=r"algorithm.maml_steps: 5 steps of the MAML transform, but transform is 'proto'"):
+        cfg_for({"name": "pfldyn", "transform": "proto", "maml_steps": 5})
+    one, default, five = (cfg_for({"name": "pfldyn", "transform": "maml", **extra}) for extra in ({"maml_steps": 1}, {}, {"maml_steps": 5}))
+    assert one.setting_key() == default.setting_key() != five.setting_key()  # runs made before the field keep their keys
+    assert five.algorithm.maml_steps == 5 and "algorithm.maml_steps" in five.flat_params()
+
+
 def test_second_order_maml_is_refused_without_the_maml_transform():
     with pytest.raises(ConfigError, match=r"algorithm.maml_order: 2 differentiates through the MAML step, but transform is 'proto'"):
         cfg_for({"name": "pfldyn", "transform": "proto", "maml_order": 2})

@@ -66,6 +66,8 @@ VECTORIZABLE = {
     "feddyn": {"name": "feddyn", "regularization": 0.01},
     "pfldyn_maml": {"name": "pfldyn", "transform": "maml", "personalization_lr": 0.05},
     "pfldyn_maml_second_order": {"name": "pfldyn", "transform": "maml", "personalization_lr": 0.05, "maml_order": 2},
+    "pfldyn_maml_three_steps": {"name": "pfldyn", "transform": "maml", "personalization_lr": 0.05, "maml_order": 2,
+                                "maml_steps": 3},
     "pflscaf_maml": {"name": "pflscaf", "transform": "maml", "personalization_lr": 0.05},
     "pfldyn_proto": {"name": "pfldyn", "transform": "proto"},
     "pflscaf_proto": {"name": "pflscaf", "transform": "proto"},

@@ -1,5 +1,5 @@
 """What the PFL algorithms (Acar et al., 2021) share: the choice of transform, its step size η (α), and the
-order of the MAML step's gradient."""
+order and number of the MAML transform's inner steps."""
 
 from __future__ import annotations
 
@@ -27,11 +27,23 @@ class TransformMixin(HyperParameters):
         "differentiates. Only with transform: maml.",
     )
 
+    maml_steps: int = Field(
+        1,
+        ge=1,
+        le=100,
+        description="k: inner steps of size α of the MAML transform on the support batch, and full-batch steps at "
+        "evaluation (1: the paper's Algorithm 1; the authors' code takes 5 for PFLDyn, 1 for PFLScaf). Only with "
+        "transform: maml.",
+    )
+
     @model_validator(mode="after")
     def _order_of_maml(self):
         if self.maml_order == 2 and self.transform != "maml":
             raise FieldError("maml_order", f"2 differentiates through the MAML step, but transform is {self.transform!r}; "
                                            "allowed: 1, or transform: maml")
+        if self.maml_steps != 1 and self.transform != "maml":
+            raise FieldError("maml_steps", f"{self.maml_steps} steps of the MAML transform, but transform is "
+                                           f"{self.transform!r}; allowed: 1, or transform: maml")
         return self
 
     def model_problem(self, model_name: str) -> str | None:
@@ -53,3 +65,7 @@ class TransformedAlgorithm:
     @property
     def maml_order(self) -> int:  # type: ignore[override]
         return self.hp.maml_order
+
+    @property
+    def maml_steps(self) -> int:  # type: ignore[override]
+        return self.hp.maml_steps

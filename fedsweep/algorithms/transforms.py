@@ -8,7 +8,10 @@ evaluation through the personalized predictor:
   the paper's Algorithm 1 line "∇f̃_i(w̄; D′)"), or with ``maml_order: 2`` the gradient of f_i(T(w; D); D′)
   itself, (I − η ∇²f_i(w; D)) ∇f_i(w̄; D′) (a Hessian-vector product: what the authors adapt with the
   Higher library, which differentiates through the inner step); evaluation adapts w with one step of size η
-  on the client's whole training set.
+  on the client's whole training set. With ``maml_steps: k`` the transform is k such steps on the support
+  batch, T(w; D) = w_k with w_{j+1} = w_j − η ∇f_i(w_j; D), and order 2 differentiates through all of them,
+  ∏_{j=0}^{k−1} (I − η ∇²f_i(w_j; D)) ∇f_i(w_k; D′) (the authors' code takes k = 5 for PFLDyn, 1 for PFLScaf);
+  evaluation then takes k full-batch steps.
 - Proto: the classifier is replaced by class prototypes. With r_w(x) the model's representation (its
   input to the last layer) and c_k the mean of r_w over the samples of class k in D, the score of
   class k is −‖r_w(x) − c_k‖²; the step uses the gradient of the cross-entropy of these scores on D′
@@ -73,26 +76,32 @@ def proto_loss(ctx: ClientContext, w: torch.Tensor, support: Batch, query: Batch
 
 
 def transformed_gradient(
-    ctx: ClientContext, transform: Transform, w: torch.Tensor, lr: float, batch_size: int | None, maml_order: int = 1
+    ctx: ClientContext, transform: Transform, w: torch.Tensor, lr: float, batch_size: int | None, maml_order: int = 1,
+    maml_steps: int = 1,
 ) -> tuple[torch.Tensor, float]:
     """The data term of one local step: ∇ of f_i(T(w; D); D′) as each transform defines it; (gradient, loss)."""
     if transform == "identity":
         return grad(ctx.loss, w, ctx.batch(batch_size))
     support, query = ctx.batch(batch_size), ctx.batch(batch_size)
     if transform == "maml":
-        g_inner, _ = grad(ctx.loss, w, support)
-        g, value = grad(ctx.loss, w - lr * g_inner, query)
+        points = [w]  # w_0 … w_k of the inner steps on the support batch
+        for _ in range(maml_steps):
+            g_inner, _ = grad(ctx.loss, points[-1], support)
+            points.append(points[-1] - lr * g_inner)
+        g, value = grad(ctx.loss, points[-1], query)
         if maml_order == 2 and lr > 0:
-            g = g - lr * hessian_vector(ctx.loss, w, support, g)
+            for point in reversed(points[:-1]):  # the chain rule back through each step: (I − η∇²f(w_j; D)) g
+                g = g - lr * hessian_vector(ctx.loss, point, support, g)
         return g, value
     return grad(lambda v, q: proto_loss(ctx, v, support, q), w, query)
 
 
-def personalized(ctx: ClientContext, transform: Transform, w: torch.Tensor, lr: float) -> torch.Tensor:
-    """The personalized parameters scored at evaluation (MAML: one full-batch step of size η)."""
+def personalized(ctx: ClientContext, transform: Transform, w: torch.Tensor, lr: float, steps: int = 1) -> torch.Tensor:
+    """The personalized parameters scored at evaluation (MAML: ``steps`` full-batch steps of size η)."""
     if transform == "maml" and lr > 0:
-        g, _ = grad(ctx.loss, w, ctx.train_data())
-        return w - lr * g
+        for _ in range(steps):
+            g, _ = grad(ctx.loss, w, ctx.train_data())
+            w = w - lr * g
     return w
 
 
@@ -111,6 +120,7 @@ class TransformHooks:
 
     transform: Transform = "identity"
     maml_order = 1
+    maml_steps = 1
 
     def transform_lr(self) -> float:
         return 0.0
@@ -124,11 +134,12 @@ class TransformHooks:
         self, ctx: ClientContext, w0: torch.Tensor, lr: float, steps: int, batch_size: int | None, correction: Callable | None = None
     ) -> tuple[torch.Tensor, float]:
         """τ steps w ← w − lr (∇f_i(T(w; D); D′) + c(w))."""
-        step = lambda w: transformed_gradient(ctx, self.transform, w, self.transform_lr(), batch_size, self.maml_order)
+        step = lambda w: transformed_gradient(ctx, self.transform, w, self.transform_lr(), batch_size, self.maml_order,
+                                              self.maml_steps)
         return sgd(ctx, w0, lr, steps, batch_size, correction, gradient=step)
 
     def personalize(self, ctx: ClientContext, payload: State, state: State) -> torch.Tensor:
-        return personalized(ctx, self.transform, payload["params"], self.transform_lr())
+        return personalized(ctx, self.transform, payload["params"], self.transform_lr(), self.maml_steps)
 
     def predictor(self, ctx: ClientContext, personalized_params: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
         return predictor(ctx, self.transform, personalized_params)
