@@ -6,7 +6,8 @@ wheel alone, 79 MB, is over the 64 MiB a call may carry). Two steps:
     python benchmarks/device_sweep.py run sweeps/pfl_acid_cifar10.yaml --out DIR [--workers 12] [--time-box 450]
     python benchmarks/device_sweep.py log sweeps/pfl_acid_cifar10.yaml DIR     # here: one MLflow sweep, a run per trial
 
-``run``: each trial of the file (its grid × seeds, in the file's order) in its own process, ``--workers`` at a time,
+``run``: each trial of the file (its grid × seeds, in the file's order) in its own process, ``--workers`` at a time
+(``--workers 1``: one after the other in this process),
 the whole experiment in that process (:class:`fedsweep.engine.Engine`, one host holding every client: a worker pool
 of one, as ``fedsweep run`` runs in process) with the clients' data and models on ``--device``; the clients a round
 samples train as one stacked computation where the algorithm allows it (``vectorize_clients``; ``--no-stack``: one
@@ -93,10 +94,13 @@ def run(args) -> None:
     out.mkdir(parents=True, exist_ok=True)
     n = len(load_sweep(args.file, check_cluster=False).trials)
     chosen = [int(i) for i in args.trials.split(",")] if args.trials else list(range(n))
+    work = [(args.file, i, str(out), args.device, not args.no_stack, deadline, args.rounds) for i in chosen]
+    if args.workers == 1:  # one after the other in this process: no process to start
+        for job in work:
+            print(json.dumps(run_trial(*job)), flush=True)
+        return
     with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn")) as pool:
-        jobs = [pool.submit(run_trial, args.file, i, str(out), args.device, not args.no_stack, deadline, args.rounds)
-                for i in chosen]
-        for job in as_completed(jobs):
+        for job in as_completed([pool.submit(run_trial, *job) for job in work]):
             print(json.dumps(job.result()), flush=True)
 
 

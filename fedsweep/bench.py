@@ -334,7 +334,9 @@ def compact_markdown(tables: dict[int, pd.DataFrame], metric: str) -> str:
              for b, t in smaller.items()}
     for i, r in full.iterrows():
         cells = [str(i + 1), r["algorithm"], r["best setting"]]
-        cells += [_pm(r[f"{m} mean"], r[f"{m} ci95"], True) for m in (metric, *BENCH_METRICS[1:4])]
+        # a column is missing when no method of the table has the metric (no global model among them): "—"
+        cells += [_pm(r.get(f"{m} mean", float("nan")), r.get(f"{m} ci95", float("nan")), True)
+                  for m in (metric, *BENCH_METRICS[1:4])]
         cells.append(f"{r['transmissions mean']:.0f}")
         cells += [_pm(r[f"{BENCH_METRICS[-1]} mean"], r[f"{BENCH_METRICS[-1]} ci95"], True)] if unseen else []
         for b in budgets[1:]:
