@@ -63,10 +63,13 @@ run)
   stack=$([ "$(cat /tmp/devdata/stack_ok 2>/dev/null)" = 1 ] || echo --no-stack)
   trap 'kill $(jobs -p) 2>/dev/null || true' EXIT   # the samplers below hold the output open: end them with the script
   nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader,nounits -l 2 > "$OUT/gpu.csv" &
-  ( while sleep 60; do tar czf "$OUT/trials.tar.gz" -C /tmp trials 2>/dev/null || true; done ) &
+  # a copy every minute, written aside and renamed (never half-written), in case the call ends before the last one
+  ( while sleep 60; do tar czf "$OUT/partial.tar.gz" -C /tmp trials 2>/dev/null && mv -f "$OUT/partial.tar.gz" "$OUT/trials.tar.gz"; done ) &
+  copier=$!
   FEDSWEEP_DATA_DIR=/tmp/devdata python3 benchmarks/device_sweep.py run "${3:-sweeps/pfl_acid_cifar10.yaml}" \
-    --out /tmp/trials --workers 12 --time-box "$2" $stack
-  tar czf "$OUT/trials.tar.gz" -C /tmp trials
+    --out /tmp/trials --workers 12 --time-box "$2" $stack || echo "device_sweep.py ended with an error; the files are kept"
+  kill $copier; wait $copier 2>/dev/null || true
+  tar czf "$OUT/final.tar.gz" -C /tmp trials && mv -f "$OUT/final.tar.gz" "$OUT/trials.tar.gz"  # (a copy under way may leave partial.tar.gz)
   for f in /tmp/trials/*.jsonl; do python3 -c "
 import json, sys; lines = open(sys.argv[1]).read().splitlines(); h = json.loads(lines[0]); e = json.loads(lines[-1])
 print(h['trial'], h['overrides'].get('algorithm.name'), h['overrides'].get('algorithm.transform', ''), 'seed', h['overrides']['seed'],

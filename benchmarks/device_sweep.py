@@ -18,8 +18,9 @@ so. ``--rounds N`` cuts every trial to N rounds (a probe of the per-round cost; 
 
 ``log``: a parent run tagged as ``fedsweep sweep`` tags it (:func:`fedsweep.sweep.sweep_tags`), then per trial a run
 with the trial's params and every round, through the same :class:`fedsweep.tracking.RunLogger` a trial uses; a
-trial stopped by the time box ends FINISHED with outcome ``stopped_early`` and the round it reached, as a
-scheduler's stop (``fedsweep table`` counts it and never chooses it). Each run is tagged ``fedsweep.device_run``.
+trial stopped by the time box ends FINISHED with outcome ``stopped_early`` and its last evaluation round, as a
+scheduler's stop (``fedsweep table`` counts it and never chooses it); a trial that raised, or whose file has no
+end line (its process killed), ends FAILED with outcome ``error``. Each run is tagged ``fedsweep.device_run``.
 """
 
 from __future__ import annotations
@@ -67,21 +68,28 @@ def run_trial(path: str, index: int, out: str, device: str, stack: bool, deadlin
     last = min(cfg.rounds, rounds) if rounds else cfg.rounds
     name = torch.cuda.get_device_name(0) if device.startswith("cuda") else "cpu"
     reached, diverged, start = -1, False, time.perf_counter()
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()  # this trial's peak, when a process runs several
     with compute_threads(), trial_file(Path(out), index).open("w") as f:
         head = {"trial": index, "overrides": trial.overrides, "yaml_sha1": sweep.source_hash(), "device": name,
                 "vectorize_clients": cfg.resources.vectorize_clients, "rounds": cfg.rounds, "cut_to": rounds}
         f.write(json.dumps(head) + "\n")
-        engine = Engine(cfg, device)
-        f.write(json.dumps({"setup_s": time.perf_counter() - start}) + "\n")
-        for rnd in range(last + 1):
-            for m in engine.steps(rnd, rnd, 1):
-                f.write(json.dumps(m) + "\n")
-                f.flush()
-                reached, diverged = rnd, bool(m.get("diverged"))
-            if diverged or time.time() > deadline:
-                break
-        end = {"end": True, "reached": reached, "complete": reached >= cfg.rounds, "diverged": diverged,
-               "wall_s": time.perf_counter() - start, "clients": engine.client_table() if reached >= cfg.rounds else None}
+        f.flush()
+        try:
+            engine = Engine(cfg, device)
+            f.write(json.dumps({"setup_s": time.perf_counter() - start}) + "\n")
+            for rnd in range(last + 1):
+                for m in engine.steps(rnd, rnd, 1):
+                    f.write(json.dumps(m) + "\n")
+                    f.flush()
+                    reached, diverged = rnd, bool(m.get("diverged"))
+                if diverged or time.time() > deadline:
+                    break
+            end = {"end": True, "reached": reached, "complete": reached >= cfg.rounds, "diverged": diverged,
+                   "wall_s": time.perf_counter() - start, "clients": engine.client_table() if reached >= cfg.rounds else None}
+        except Exception as err:  # noqa: BLE001 - the trial failed: its file says so, the other trials go on
+            end = {"end": True, "reached": reached, "complete": False, "diverged": False, "error": repr(err),
+                   "wall_s": time.perf_counter() - start, "clients": None}
         if device.startswith("cuda"):
             end["max_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20
         f.write(json.dumps(end) + "\n")
@@ -92,6 +100,8 @@ def run(args) -> None:
     deadline = time.time() + args.time_box
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if any(out.glob("trial_*.jsonl")):  # `log` reads every trial file there: no mixing of two runs
+        raise SystemExit(f"{out}: holds trial files of an earlier run; give an empty --out")
     n = len(load_sweep(args.file, check_cluster=False).trials)
     chosen = [int(i) for i in args.trials.split(",")] if args.trials else list(range(n))
     work = [(args.file, i, str(out), args.device, not args.no_stack, deadline, args.rounds) for i in chosen]
@@ -105,8 +115,18 @@ def run(args) -> None:
 
 
 def read_trial(path: Path) -> tuple[dict, list[dict], dict | None]:
-    """(head, rounds, end: None when the file stops mid-run) of a ``run`` file."""
-    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """(head, rounds, end: None when the file stops mid-run) of a ``run`` file; a last line cut off mid-write (a copy
+    taken while the trial ran) is left out."""
+    text = path.read_text().splitlines()
+    lines = []
+    for i, line in enumerate(text):
+        try:
+            lines.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i < len(text) - 1:
+                raise
+    if not lines:
+        raise SystemExit(f"{path}: empty (its trial was stopped before it wrote anything)")
     head, rows = lines[0], [m for m in lines[1:] if "round" in m]
     end = lines[-1] if lines[-1].get("end") else None
     return head, rows, end
@@ -136,8 +156,9 @@ def log(args) -> None:
     c = client(uri)
     device = {head["device"] for head, _, _ in trials}
     parent = c.create_run(experiment_id, run_name=sweep.settings.name,
-                          tags={**sweep_tags(sweep, len(trials)), f"{TAG_PREFIX}device_run": ", ".join(sorted(device))}).info.run_id
+                          tags={**sweep_tags(sweep, len(sweep.trials)), f"{TAG_PREFIX}device_run": ", ".join(sorted(device))}).info.run_id
     c.log_text(parent, sweep.source, "sweep.yaml")
+    errors = 0
     for head, rows, end in trials:
         trial = sweep.trials[head["trial"]]
         cfg = in_process(trial.config, head["vectorize_clients"])
@@ -147,11 +168,15 @@ def log(args) -> None:
             logger.log_round(m)
         complete = bool(end and end["complete"])
         diverged = bool(rows and rows[-1].get("diverged"))
-        logger.finish(end["clients"] if complete else None, "FAILED" if diverged else "FINISHED",
-                      "diverged" if diverged else (None if complete else STOPPED_EARLY))
-        if not complete and not diverged:
-            c.set_tag(logger.run_id, f"{TAG_PREFIX}stopped_after_round", str(int(rows[-1]["round"]) if rows else -1))
-    c.set_terminated(parent, "FINISHED")
+        # no end line (killed) or an error: FAILED, as the sweep path ends a trial that broke; else the time box's stop
+        failed = end is None or "error" in end
+        logger.finish(end["clients"] if complete else None, "FAILED" if diverged or failed else "FINISHED",
+                      "diverged" if diverged else "error" if failed else (None if complete else STOPPED_EARLY))
+        if not (complete or diverged or failed):
+            evaluated = [m for m in rows if "personalized_accuracy_mean" in m]  # as Tune's last report: an evaluation
+            c.set_tag(logger.run_id, f"{TAG_PREFIX}stopped_after_round", str(int(evaluated[-1]["round"]) if evaluated else -1))
+        errors += failed
+    c.set_terminated(parent, "FAILED" if errors else "FINISHED")
     print(f"logged {len(trials)} trial(s) under run {parent} of experiment {first.tracking.experiment!r} ({uri})")
 
 

@@ -40,7 +40,7 @@ from pydantic import Field, ValidationError
 
 from fedsweep.algorithms import ALGORITHMS
 from fedsweep.checks import check_before_start
-from fedsweep.config import ConfigError, Seed, Sweep, Trial, without_new_defaults
+from fedsweep.config import KEY_OMITS_AT_DEFAULT, ConfigError, Seed, Sweep, Trial, without_new_defaults
 from fedsweep.loading import _alias_of, _format_errors, _short, _where, flatten_grids, read_yaml, sweep_from
 from fedsweep.schema import StrictModel
 from fedsweep.search import distributions
@@ -107,8 +107,10 @@ class Bench:
         from fedsweep.tracking import in_vocabulary
 
         section = self.section(key, setting)
-        return in_vocabulary(", ".join(f"{written}={section[field]:.4g}" if isinstance(section[field], float)
-                                       else f"{written}={section[field]}" for written, field in self.tuned(key)))
+        # a field left out of the section at its default (config.without_new_defaults) is labelled with that default
+        values = [(written, section.get(field, KEY_OMITS_AT_DEFAULT.get(("algorithm", field)))) for written, field in self.tuned(key)]
+        return in_vocabulary(", ".join(f"{written}={value:.4g}" if isinstance(value, float) else f"{written}={value}"
+                                       for written, value in values))
 
     def section(self, key: str, setting: str) -> dict[str, Any]:
         """The algorithm section of method ``key``'s drawn setting ``setting``."""

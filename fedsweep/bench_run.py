@@ -38,8 +38,8 @@ def _run(sweep: Sweep, resume: bool, parent: str, verbose: int) -> dict[str, Any
 
 
 class Interrupted(Exception):
-    """A phase's sweep returned with trials that never ran and none failed: it was stopped (Ctrl-C; Tune saves its
-    state and returns without an error). The benchmark stops there, every later cell unstarted; ``--resume`` goes on."""
+    """A phase's sweep returned with more runs missing than trials failed: trials never ran, so it was stopped
+    (Ctrl-C; Tune saves its state and returns without an error). The benchmark stops there, every later cell unstarted; ``--resume`` goes on."""
 
 
 def run_bench(bench: Bench, output: str | Path, resume: bool = False, verbose: int = 1) -> tuple[Path, int]:
@@ -73,14 +73,15 @@ def run_bench(bench: Bench, output: str | Path, resume: bool = False, verbose: i
         sweep = bench.tune_sweep(pending)
         print(f"[bench {bench.name}] tuning {len(pending)} method(s): {sweep.describe()}", flush=True)
         out = _run(sweep, resume, state["run_id"], verbose)
+        runs, _ = load_runs(uri, experiment, out["parent_run_id"])
+        owed = [s for s, k in bench.owner().items() if k in pending]
+        missing = missing_runs(runs, owed, bench.sweep_section["seeds"])
+        if missing > out["errors"]:  # more runs missing than trials failed: trials never ran, the sweep was stopped
+            raise Interrupted(f"[bench {bench.name}] the tuning sweep stopped with {missing} of "
+                              f"{len(owed) * len(bench.sweep_section['seeds'])} runs missing; nothing chosen")
         if out["errors"]:  # a method missing a setting would choose among fewer: no choice before every trial ran
             print(f"[bench {bench.name}] {out['errors']} tuning trial(s) failed; --resume reruns them", file=sys.stderr)
             return folder, 1
-        runs, _ = load_runs(uri, experiment, out["parent_run_id"])
-        owed = [s for s, k in bench.owner().items() if k in pending]
-        if missing := missing_runs(runs, owed, bench.sweep_section["seeds"]):  # no trial failed: the sweep was stopped
-            raise Interrupted(f"[bench {bench.name}] the tuning sweep stopped with {missing} of "
-                              f"{len(owed) * len(bench.sweep_section['seeds'])} runs missing; nothing chosen")
         method = runs["setting"].map(bench.owner())
         for key, chosen in chosen_settings(bench, runs, pending).items():
             mine = runs[method == key]
@@ -94,7 +95,7 @@ def run_bench(bench: Bench, output: str | Path, resume: bool = False, verbose: i
         out = _run(sweep, resume, state["run_id"], verbose)
         final, _ = load_runs(uri, experiment, out["parent_run_id"])
         missing = missing_runs(final, list(sections), bench.settings.final_seeds)
-        if missing and not out["errors"]:  # trials not run and none failed: the sweep was stopped
+        if missing > out["errors"]:  # more runs missing than trials failed: trials never ran, the sweep was stopped
             raise Interrupted(f"[bench {bench.name}] the final sweep stopped with {missing} run(s) missing")
         if out["errors"] or missing:
             print(f"[bench {bench.name}] the final sweep did not finish ({out['errors']} trial(s) failed, {missing} run(s) "

@@ -145,7 +145,23 @@ def problems(path) -> str:
     return str(err.value)
 
 
-def test_a_sweep_stopped_before_its_end_stops_the_whole_benchmark(tracking_uri, files, monkeypatch, capsys):
+def test_a_drawn_field_left_out_of_the_sections_at_its_default_is_labelled_with_it(tmp_path):
+    """maml_steps at 1 stays out of the composed sections (setting keys and resumes unchanged); a method that draws it
+    still labels every setting, 1 included."""
+    (tmp_path / "methods.yaml").write_text(yaml.safe_dump({"methods": {
+        "pfldyn": {"name": "pfldyn", "transform": "maml", "maml_steps": {"choice": [1, 5]}, "local_lr": {"loguniform": [0.02, 0.5]}}}}))
+    raw = yaml.safe_load(Path(bench_file(tmp_path, "steps", {"name": "label_skew", "classes_per_client": 4})).read_text())
+    raw["sweep"]["num_samples"] = 6
+    raw["model"] = {"name": "mlp", "hidden": [8]}
+    (tmp_path / "steps.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    bench = load_bench(tmp_path / "steps.yaml", check_cluster=False)
+    labels = [bench.label("pfldyn", s) for s in bench.sections["pfldyn"]]
+    assert {label.split(", ")[-1] for label in labels} == {"maml_steps=1", "maml_steps=5"}, labels
+    assert all("maml_steps" not in section for section in bench.sections["pfldyn"].values() if section.get("maml_steps", 1) == 1)
+
+
+@pytest.mark.parametrize("failed", [0, 1])
+def test_a_sweep_stopped_before_its_end_stops_the_whole_benchmark(tracking_uri, files, monkeypatch, capsys, failed):
     """Ctrl-C ends a Tune run without an error; the benchmark must then stop, not go on to the next file. The
     sweep here is our own stand-in for a stopped one (its parent run in the real store, none of its trials run):
     what is tested is the benchmark's reaction, not Tune's."""
@@ -155,7 +171,7 @@ def test_a_sweep_stopped_before_its_end_stops_the_whole_benchmark(tracking_uri, 
     def stopped(sweep, resume, parent, verbose):
         experiment_id = ensure_experiment(tracking_uri, "bench-test")
         run = client(tracking_uri).create_run(experiment_id, tags={"fedsweep.sweep": "true"}).info.run_id
-        return {"errors": 0, "parent_run_id": run}
+        return {"errors": failed, "parent_run_id": run}  # a failed trial as well: still more runs missing than failed
 
     monkeypatch.setattr(bench_run, "_run", stopped)
     folder, a, b = files

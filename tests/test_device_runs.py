@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from mlflow import MlflowClient
 
 from benchmarks import device_data, device_sweep
 from benchmarks.device_sweep import in_process, read_trial
@@ -127,6 +128,18 @@ def test_a_time_box_stops_trials_and_they_log_as_stopped_early(tmp_path, monkeyp
     _log(file, tmp_path / "out", uri, monkeypatch)
     runs, _ = load_runs(uri, "device-box")
     assert runs["outcome"].tolist() == ["stopped_early", "stopped_early"]
+    # a trial killed mid-run (no end line, its last line cut off mid-write) is logged FAILED with outcome error
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    text = (tmp_path / "out" / "trial_0000.jsonl").read_text().splitlines()
+    (killed / "trial_0000.jsonl").write_text("\n".join(text[:-1]) + "\n" + text[-1][:10])
+    _log(file, killed, uri, monkeypatch)
+    c = MlflowClient(uri)
+    [run] = [r for r in c.search_runs([c.get_experiment_by_name("device-box").experiment_id]) if r.data.tags.get("fedsweep.seed")
+             and r.info.run_id not in set(runs["run_id"])]
+    assert run.info.status == "FAILED" and run.data.tags["fedsweep.outcome"] == "error"
+    with pytest.raises(SystemExit, match="holds trial files of an earlier run"):  # run never mixes two runs' files
+        device_sweep.main(["run", str(file), "--out", str(killed), "--device", "cpu"])
     cut = tmp_path / "cut"
     _run(file, cut, "--rounds", "1", "--trials", "0")
     assert json.loads((cut / "trial_0000.jsonl").read_text().splitlines()[0])["cut_to"] == 1
