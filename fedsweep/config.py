@@ -290,7 +290,9 @@ class ExperimentConfig(StrictModel):
 #: Fields added after benchmark results were recorded (``fedsweep bench``'s state keeps setting keys), whose
 #: default is the behaviour from before them: at that default they stay out of a setting's identity
 #: (:meth:`ExperimentConfig.setting_key`), so those results keep their keys; any other value is part of it.
-KEY_OMITS_AT_DEFAULT: dict[tuple[str, str], Any] = {("data", "subsample"): 1.0, ("algorithm", "maml_steps"): 1}
+KEY_OMITS_AT_DEFAULT: dict[tuple[str, str], Any] = {
+    ("data", "subsample"): 1.0, ("algorithm", "maml_steps"): 1, ("algorithm", "weight_decay"): 0.0, ("algorithm", "clip_norm"): None,
+}
 
 
 def without_new_defaults(section: str, fields: dict[str, Any]) -> dict[str, Any]:

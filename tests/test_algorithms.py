@@ -140,6 +140,42 @@ def test_maml_steps_is_refused_without_the_maml_transform_and_stays_out_of_the_k
     assert five.algorithm.maml_steps == 5 and "algorithm.maml_steps" in five.flat_params()
 
 
+def test_local_sgd_clips_then_decays_as_torch_does():
+    """clip_norm and weight_decay: one step equals clip_grad_norm_ then torch.optim.SGD(weight_decay) on the same
+    gradient; a stacked gradient is clipped row by row (each client's own norm)."""
+    from fedsweep.algorithms.base import sgd
+
+    a, b = spd(5, 1)
+    w0 = torch.randn(5, generator=torch.Generator().manual_seed(4), dtype=torch.float64) * 50  # a long gradient
+    g = a @ w0 - b
+    gradient = lambda v: (a @ v - b, 0.0)
+    got, _ = sgd(None, w0, 0.1, 1, None, gradient=gradient, weight_decay=1e-3, clip_norm=1.0)
+    p = torch.nn.Parameter(w0.clone())
+    p.grad = g.clone()
+    torch.nn.utils.clip_grad_norm_([p], 1.0)
+    torch.optim.SGD([p], lr=0.1, weight_decay=1e-3).step()
+    assert (got - p.detach()).abs().max() < 1e-12
+    rows = torch.stack([w0, w0 / 1000])
+    short = a @ rows[1] - b
+    clip = 2 * float(short.norm())  # row 0's gradient is longer: scaled down; row 1's is shorter: left as it is
+    assert g.norm() > clip
+    stacked, _ = sgd(None, rows, 0.1, 1, None, gradient=lambda v: (v @ a - b, 0.0), clip_norm=clip)
+    assert (stacked[0] - (w0 - 0.1 * g * (clip / (g.norm() + 1e-6)))).abs().max() < 1e-12
+    assert (stacked[1] - (rows[1] - 0.1 * short)).abs().max() < 1e-12
+
+
+def test_the_local_sgd_options_stay_out_of_the_key_at_their_defaults():
+    plain = cfg_for({"name": "pfldyn", "transform": "maml"})
+    same = cfg_for({"name": "pfldyn", "transform": "maml", "weight_decay": 0.0, "clip_norm": None})
+    authors = cfg_for({"name": "pfldyn", "transform": "maml", "weight_decay": 1e-3, "clip_norm": 10})
+    assert plain.setting_key() == same.setting_key() != authors.setting_key()
+    assert cfg_for({"name": "pavg", "weight_decay": 1e-3, "clip_norm": 10}).algorithm.clip_norm == 10
+    with pytest.raises(ConfigError, match=r"algorithm.clip_norm"):
+        cfg_for({"name": "pflscaf", "clip_norm": 0})
+    with pytest.raises(ConfigError, match=r"weight_decay"):
+        cfg_for({"name": "fedavg", "weight_decay": 1e-3})  # only where the step has the option
+
+
 def test_second_order_maml_is_refused_without_the_maml_transform():
     with pytest.raises(ConfigError, match=r"algorithm.maml_order: 2 differentiates through the MAML step, but transform is 'proto'"):
         cfg_for({"name": "pfldyn", "transform": "proto", "maml_order": 2})

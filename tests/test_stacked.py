@@ -70,6 +70,8 @@ VECTORIZABLE = {
                                 "maml_steps": 3},
     "pflscaf_maml": {"name": "pflscaf", "transform": "maml", "personalization_lr": 0.05},
     "pfldyn_proto": {"name": "pfldyn", "transform": "proto"},
+    "pfldyn_maml_clipped_decayed": {"name": "pfldyn", "transform": "maml", "personalization_lr": 0.05, "weight_decay": 0.01,
+                                    "clip_norm": 0.5},
     "pflscaf_proto": {"name": "pflscaf", "transform": "proto"},
     "pavg": {"name": "pavg"},
 }

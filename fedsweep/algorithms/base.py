@@ -195,12 +195,16 @@ def sgd(
     batch_size: int | None,
     correction: Callable[[torch.Tensor], torch.Tensor] | None = None,
     gradient: Callable[[torch.Tensor], tuple[torch.Tensor, float]] | None = None,
+    weight_decay: float = 0.0,
+    clip_norm: float | None = None,
 ) -> tuple[torch.Tensor, float]:
     """``steps`` SGD steps w ← w − lr (∇f_i(w; D) + c(w)) on fresh batches; returns (w, mean loss of f_i).
 
     ``correction`` c(w) is the gradient of whatever an algorithm adds to the local objective
     (a proximal term, control variates, a dynamic regularizer). ``gradient`` replaces the data term
-    ∇f_i(w; D) (the PFL transforms use ∇f_i(T(w; D); D′)).
+    ∇f_i(w; D) (the PFL transforms use ∇f_i(T(w; D); D′)). ``clip_norm``: the step's gradient scaled down to
+    that norm when longer (each client's row when stacked; ``torch.nn.utils.clip_grad_norm_``'s rule), then
+    ``weight_decay`` λ_wd w added, in that order, as ``clip_grad_norm_`` before ``torch.optim.SGD`` does.
     """
     if gradient is None:
         gradient = lambda v: grad(ctx.loss, v, ctx.batch(batch_size))
@@ -210,9 +214,22 @@ def sgd(
         g, value = gradient(w)
         if correction is not None:
             g = g + correction(w)
+        if clip_norm is not None:
+            g = g * (clip_norm / (g.norm(dim=-1, keepdim=True) + 1e-6)).clamp(max=1.0)
+        if weight_decay:
+            g = g + weight_decay * w
         w -= lr * g
         total += value
     return w, total / max(steps, 1)
+
+
+class LocalSGDOptions(HyperParameters):
+    """Two options of the local SGD step (:func:`sgd`) that the PFL authors' code uses (``torch.optim.SGD``'s weight
+    decay, ``clip_grad_norm_``); off by default, as the papers' update rules write the step."""
+
+    weight_decay: float = Field(0.0, ge=0, description="λ_wd: w·λ_wd added to each local step's gradient (after clipping).")
+    clip_norm: float | None = Field(None, gt=0, description="Each local step's gradient scaled down to this norm when "
+                                    "longer (null: not clipped).")
 
 
 def weighted_average(vectors: list[torch.Tensor], weights: list[float]) -> torch.Tensor:

@@ -9,12 +9,12 @@ from __future__ import annotations
 from pydantic import Field
 
 from fedsweep.algorithms import transforms
-from fedsweep.algorithms.base import AggregationMixin, ClientContext, State, register
+from fedsweep.algorithms.base import AggregationMixin, ClientContext, LocalSGDOptions, State, register
 from fedsweep.algorithms.fedavg import FedAvg
 from fedsweep.schema import aliases
 
 
-class PAvgParams(AggregationMixin):
+class PAvgParams(AggregationMixin, LocalSGDOptions):
     local_lr: float = Field(0.05, gt=0, validation_alias=aliases("local_lr", "beta", "β"), description="β: local learning rate.")
 
     def model_problem(self, model_name: str) -> str | None:

@@ -7,11 +7,11 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from fedsweep.algorithms.base import HyperParameters
+from fedsweep.algorithms.base import LocalSGDOptions
 from fedsweep.schema import FieldError, aliases
 
 
-class TransformMixin(HyperParameters):
+class TransformMixin(LocalSGDOptions):
     transform: Literal["maml", "proto"] = Field("maml", description="Personalization transform T_i: MAML step or class prototypes.")
     personalization_lr: float = Field(
         0.01,

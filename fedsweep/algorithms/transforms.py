@@ -136,7 +136,8 @@ class TransformHooks:
         """τ steps w ← w − lr (∇f_i(T(w; D); D′) + c(w))."""
         step = lambda w: transformed_gradient(ctx, self.transform, w, self.transform_lr(), batch_size, self.maml_order,
                                               self.maml_steps)
-        return sgd(ctx, w0, lr, steps, batch_size, correction, gradient=step)
+        options = {k: getattr(self.hp, k) for k in ("weight_decay", "clip_norm") if hasattr(self.hp, k)}  # LocalSGDOptions
+        return sgd(ctx, w0, lr, steps, batch_size, correction, gradient=step, **options)
 
     def personalize(self, ctx: ClientContext, payload: State, state: State) -> torch.Tensor:
         return personalized(ctx, self.transform, payload["params"], self.transform_lr(), self.maml_steps)
