@@ -37,13 +37,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fedsweep.config import ConfigError
+from fedsweep.layout import AUTO_SERVER_CPUS
 from fedsweep.loading import load_sweep, validate
 
 
 def in_process(cfg, stack: bool):
     """``cfg`` laid out as one process holding every client (a worker pool of one); stacked where allowed."""
     raw = cfg.model_dump(mode="json", by_alias=True)
-    one = {"server_cpus": 0.2, "client_cpus": 0.8, "clients_per_actor": 1, "client_workers": 1}
+    one = {"server_cpus": AUTO_SERVER_CPUS, "client_cpus": round(1 - AUTO_SERVER_CPUS, 3), "clients_per_actor": 1,
+           "client_workers": 1}
     alone = validate({**raw, "resources": {**raw["resources"], **one, "vectorize_clients": False}})
     try:
         return validate({**raw, "resources": {**raw["resources"], **one, "vectorize_clients": True}}) if stack else alone

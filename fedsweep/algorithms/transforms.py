@@ -60,19 +60,26 @@ def _stacked_scores(ctx: StackedContext, w: torch.Tensor, support: Batch, x: tor
 
 
 def proto_loss(ctx: ClientContext, w: torch.Tensor, support: Batch, query: Batch) -> torch.Tensor:
+    if isinstance(ctx, StackedContext):
+        return _stacked_loss(ctx, w, support, query)
     x, y = query
     scores = proto_scores(ctx, w, support, x)
-    if isinstance(ctx, StackedContext):  # (f_c)_c: each client's mean over its own samples that can be scored
-        scorable = y != PAD
-        keep = scorable & torch.isfinite(scores.gather(2, torch.where(scorable, y, 0).unsqueeze(-1)).squeeze(-1))
-        target = torch.where(keep, y, scores.argmax(-1))  # a finite class where a sample is left out: no inf, no NaN
-        ce = F.cross_entropy(scores.flatten(0, 1), target.flatten(), reduction="none").view(y.shape)
-        return torch.where(keep, ce, 0).sum(1) / keep.sum(1).clamp(min=1)
     # A query label absent from the support set cannot be scored; such samples are left out.
     keep = torch.isfinite(scores.gather(1, y.unsqueeze(1))).squeeze(1)
     if not bool(keep.any()):
         return (w * 0).sum()
     return torch.nn.functional.cross_entropy(scores[keep], y[keep])
+
+
+def _stacked_loss(ctx: StackedContext, w: torch.Tensor, support: Batch, query: Batch) -> torch.Tensor:
+    """:func:`proto_loss` of C stacked clients, (f_c)_c: each client's mean over its own samples that can be scored."""
+    x, y = query
+    scores = _stacked_scores(ctx, w, support, x)
+    scorable = y != PAD
+    keep = scorable & torch.isfinite(scores.gather(2, torch.where(scorable, y, 0).unsqueeze(-1)).squeeze(-1))
+    target = torch.where(keep, y, scores.argmax(-1))  # a finite class where a sample is left out: no inf, no NaN
+    ce = F.cross_entropy(scores.flatten(0, 1), target.flatten(), reduction="none").view(y.shape)
+    return torch.where(keep, ce, 0).sum(1) / keep.sum(1).clamp(min=1)
 
 
 def transformed_gradient(
