@@ -44,6 +44,7 @@ from fedsweep.config import KEY_OMITS_AT_DEFAULT, ConfigError, Seed, Sweep, Tria
 from fedsweep.loading import _alias_of, _format_errors, _short, _where, flatten_grids, read_yaml, sweep_from
 from fedsweep.schema import StrictModel
 from fedsweep.search import distributions
+from fedsweep.tracking import STOPPED_EARLY
 
 STATE = "bench_state.json"
 #: The metrics of a benchmark table: the ranked one first, then fairness (10th percentile, worst client), the
@@ -275,8 +276,10 @@ def choose(runs: pd.DataFrame, metric: str, mode: str, budget: int) -> str | Non
 def missing_runs(runs: pd.DataFrame, settings: list[str], seeds: list[int]) -> int:
     """How many of the runs a phase owes (each of ``settings`` on each of ``seeds``) are not among ``runs`` (the
     phase's finished or diverged runs): a sweep stopped before its end (Ctrl-C, a lost driver) returns without
-    errors, and a choice among the runs it has would not be the budget's."""
-    have = set(zip(runs["setting"], runs["seed"].astype(int))) if len(runs) else set()
+    errors, and a choice among the runs it has would not be the budget's. A run marked stopped_early counts as
+    missing: a benchmark has no scheduler, so only an interruption ended it (before fedsweep ended those KILLED)."""
+    ran = runs[runs["outcome"] != STOPPED_EARLY] if len(runs) else runs
+    have = set(zip(ran["setting"], ran["seed"].astype(int))) if len(ran) else set()
     return sum((s, int(seed)) not in have for s in settings for seed in seeds)
 
 

@@ -76,7 +76,7 @@ def run_bench(bench: Bench, output: str | Path, resume: bool = False, verbose: i
         runs, _ = load_runs(uri, experiment, out["parent_run_id"])
         owed = [s for s, k in bench.owner().items() if k in pending]
         missing = missing_runs(runs, owed, bench.sweep_section["seeds"])
-        if missing > out["errors"]:  # more runs missing than trials failed: trials never ran, the sweep was stopped
+        if out["interrupted"] or missing > out["errors"]:  # more runs missing than trials failed: the sweep was stopped
             raise Interrupted(f"[bench {bench.name}] the tuning sweep stopped with {missing} of "
                               f"{len(owed) * len(bench.sweep_section['seeds'])} runs missing; nothing chosen")
         if out["errors"]:  # a method missing a setting would choose among fewer: no choice before every trial ran
@@ -95,7 +95,7 @@ def run_bench(bench: Bench, output: str | Path, resume: bool = False, verbose: i
         out = _run(sweep, resume, state["run_id"], verbose)
         final, _ = load_runs(uri, experiment, out["parent_run_id"])
         missing = missing_runs(final, list(sections), bench.settings.final_seeds)
-        if missing > out["errors"]:  # more runs missing than trials failed: trials never ran, the sweep was stopped
+        if out["interrupted"] or missing > out["errors"]:  # more runs missing than trials failed: the sweep was stopped
             raise Interrupted(f"[bench {bench.name}] the final sweep stopped with {missing} run(s) missing")
         if out["errors"] or missing:
             print(f"[bench {bench.name}] the final sweep did not finish ({out['errors']} trial(s) failed, {missing} run(s) "
@@ -113,20 +113,45 @@ def run_bench(bench: Bench, output: str | Path, resume: bool = False, verbose: i
 
 
 def _choose_again(bench: Bench, methods: dict[str, dict[str, Any]], uri: str, experiment: str) -> None:
-    """Each recorded choice made again from its tuning runs: where the selection rule (``bench.choose``) now
-    chooses otherwise, the new choice is recorded and that method's final runs run again."""
-    by_run: dict[str, list[str]] = {}
-    for key, entry in methods.items():
-        if key in bench.tunes and "chosen" in entry:
-            by_run.setdefault(entry["tune_run"], []).append(key)
-    for run_id, keys in by_run.items():
+    """Each recorded phase checked against its runs, and each recorded choice made again. A method whose tuning
+    or final runs are not all there (a run deleted; an interrupted trial's run, which fedsweep before 2026-11-26
+    marked stopped_early) runs that phase again. Where the selection rule (``bench.choose``) now chooses otherwise than
+    recorded, the new choice is recorded and that method's final runs run again."""
+    owner = bench.owner()
+    for run_id, keys in _by_run(bench, methods, "tune_run").items():
         runs, _ = load_runs(uri, experiment, run_id)
-        for key, chosen in chosen_settings(bench, runs, keys).items():
-            if (now := {str(b): s for b, s in chosen.items()}) != methods[key]["chosen"]:
+        for key in keys:
+            if _incomplete(bench, key, "tuning", runs, [s for s, k in owner.items() if k == key], bench.sweep_section["seeds"]):
+                for gone in ("chosen", "tune_run", "final_run"):
+                    methods[key].pop(gone, None)
+                continue
+            if (now := {str(b): s for b, s in chosen_settings(bench, runs, [key])[key].items()}) != methods[key]["chosen"]:
                 print(f"[bench {bench.name}] {key}: the selection rule now chooses {now} (recorded: {methods[key]['chosen']}); "
                       "its final runs run again", file=sys.stderr)
                 methods[key]["chosen"] = now
                 methods[key].pop("final_run", None)
+    for run_id, keys in _by_run(bench, methods, "final_run").items():
+        runs, _ = load_runs(uri, experiment, run_id)
+        for key in keys:
+            chosen = sorted({s for s in methods[key]["chosen"].values() if s is not None})
+            if _incomplete(bench, key, "final", runs, chosen, bench.settings.final_seeds):
+                methods[key].pop("final_run")
+
+
+def _by_run(bench: Bench, methods: dict[str, dict[str, Any]], phase: str) -> dict[str, list[str]]:
+    """The recorded sweeps of a phase (``tune_run`` or ``final_run``) -> the methods whose runs they hold."""
+    by_run: dict[str, list[str]] = {}
+    for key, entry in methods.items():
+        if key in bench.tunes and phase in entry:
+            by_run.setdefault(entry[phase], []).append(key)
+    return by_run
+
+
+def _incomplete(bench: Bench, key: str, phase: str, runs: pd.DataFrame, settings: list[str], seeds: list[int]) -> bool:
+    if missing := missing_runs(runs, settings, seeds):
+        print(f"[bench {bench.name}] {key}: {missing} of its {len(settings) * len(seeds)} {phase} runs are not there "
+              f"(interrupted or deleted); its {phase} runs run again", file=sys.stderr)
+    return bool(missing)
 
 
 def write_tables(bench: Bench, state: dict[str, Any], uri: str, folder: Path) -> dict[int, pd.DataFrame]:

@@ -142,6 +142,10 @@ def cmd_sweep(args) -> int:
     print(f"\nReport (table, figures): artifacts report/ of run {out['parent_run_id']}, experiment '{experiment}' "
           f"(#/experiments/{out['experiment_id']}/runs/{out['parent_run_id']} in `fedsweep ui"
           + (f" --tracking-uri {out['tracking_uri']}" if out["tracking_uri"] != resolve_tracking_uri(None) else "") + "`)")
+    if out["interrupted"]:
+        print(f"the sweep was interrupted before every trial ended; `fedsweep sweep {args.file} --resume` goes on with it",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
     if out["errors"]:
         print(f"{out['errors']} trial(s) failed; see the Tune output above", file=sys.stderr)
         return EXIT_FAILED

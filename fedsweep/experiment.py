@@ -11,7 +11,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from fedsweep.checks import check_fits, local_cpus, raise_problems
 from fedsweep.config import ExperimentConfig, ResourcesConfig
-from fedsweep.tracking import STOPPED_EARLY, TAG_PREFIX, RunLogger
+from fedsweep.tracking import TAG_PREFIX, RunLogger
 
 
 def connect_ray(resources: ResourcesConfig) -> None:
@@ -272,8 +272,10 @@ def execute(
         return history
     except SystemExit:
         # Tune stopped the trial: its training thread exits at the report after the decision. A scheduler
-        # also stops a trial that reported its last round; one stopped before is complete up to its last
-        # round: FINISHED, and marked so that it is never a best setting.
+        # also stops a trial that reported its last round: that run is complete. One stopped before its last
+        # round ends KILLED: a scheduler's decision and an interrupted sweep (Ctrl-C) look the same from here,
+        # and the sweep's driver, which knows which it was, marks the scheduler's FINISHED and stopped_early
+        # (fedsweep.stopping); --resume reruns an interrupted one.
         if logger and not finished:
             complete = bool(history) and int(history[-1]["round"]) >= cfg.rounds
             diverged = bool(history and history[-1].get("diverged"))
@@ -281,8 +283,8 @@ def execute(
                 clients = runner.client_table() if complete else None
             except Exception:  # noqa: BLE001 - the trial's actors may already be going; the run ends regardless
                 clients = None
-            logger.finish(clients, "FAILED" if diverged else "FINISHED",
-                          "diverged" if diverged else (None if complete else STOPPED_EARLY))
+            logger.finish(clients, "FAILED" if diverged else ("FINISHED" if complete else "KILLED"),
+                          "diverged" if diverged else None)
         raise
     except BaseException:
         if logger and not finished:

@@ -18,6 +18,7 @@ from fedsweep import checkpoint as checkpoint_files
 from fedsweep import search
 from fedsweep.config import ConfigError, ExperimentConfig, Sweep
 from fedsweep.experiment import check_cluster, connect_ray, execute
+from fedsweep.stopping import STOPPED_AFTER, MarkingASHA, end_interrupted, interrupted, mark_stopped_early, trial_runs
 from fedsweep.storage import Storage
 from fedsweep.tracking import (
     STOPPED_EARLY,
@@ -43,14 +44,6 @@ def _git_sha() -> str:
 SWEEP_STATE = "fedsweep_sweep.json"
 
 
-def _trial_runs(mlflow, tracking: dict[str, str], trial_id: str, also: str = ""):
-    """The MLflow runs of Tune trial ``trial_id`` under this sweep's parent run (``also``: more of the filter)."""
-    return mlflow.search_runs(
-        [tracking["experiment_id"]],
-        filter_string=f"tags.`ray.trial_id` = '{trial_id}' and tags.`mlflow.parentRunId` = '{tracking['parent_run_id']}'{also}",
-    )
-
-
 def _earlier_attempts(tracking: dict[str, str], trial_id: str, seed: int, keep: str | None = None):
     """Before a trial's experiment on ``seed`` (re)starts, its earlier MLflow runs under this sweep: one that
     finished (or diverged, or was stopped early) is returned, so it is not rerun — Tune may not have recorded
@@ -58,10 +51,11 @@ def _earlier_attempts(tracking: dict[str, str], trial_id: str, seed: int, keep: 
     KILLED and deleted, so that the sweep ends with exactly one run per trial and seed; ``keep`` (the run a
     checkpoint continues) stays."""
     mlflow = client(tracking["uri"])
-    earlier = _trial_runs(mlflow, tracking, trial_id, f" and tags.`{TAG_PREFIX}seed` = '{seed}'")
+    earlier = trial_runs(mlflow, tracking, trial_id, f" and tags.`{TAG_PREFIX}seed` = '{seed}'")
     done = None
     for run in earlier:
-        if run.data.tags.get(f"{TAG_PREFIX}outcome") in ("finished", "diverged", STOPPED_EARLY) and done is None:
+        ended = run.data.tags.get(f"{TAG_PREFIX}outcome") in ("finished", "diverged", STOPPED_EARLY) or STOPPED_AFTER in run.data.tags
+        if ended and done is None:  # (stopped by the scheduler: marked stopped_early at the sweep's end)
             done = run
         elif run.info.run_id != keep:
             if run.info.status == "RUNNING":
@@ -93,7 +87,7 @@ def _experiment(cfg: ExperimentConfig, overrides: dict, index: int, tracking: di
         if diverged:
             final["diverged"] = 1.0
         else:  # the round a scheduler counts in (a run stopped early: the round it was stopped at)
-            final["round"] = float(tags.get(f"{TAG_PREFIX}stopped_after_round", cfg.rounds))
+            final["round"] = float(tags.get(STOPPED_AFTER, cfg.rounds))
         to_tune(final)
         return final
     logger = RunLogger(
@@ -219,35 +213,14 @@ def _log_report(uri: str, experiment: str, parent: str, settings) -> None:
               f"fedsweep report --experiment {experiment} --sweep-run {parent}", file=sys.stderr)
 
 
-def _mark_stopped_early(results, rounds: Callable[[dict], int], tracking: dict[str, str]) -> None:
-    """Each trial the scheduler stopped before its last round: its MLflow run FINISHED with outcome
-    stopped_early and the last round Tune saw. The trial's own thread marks it so when it reaches its next
-    report; this covers a thread that Tune ended before that (its run would be left RUNNING, or FAILED)."""
-    mlflow = client(tracking["uri"])
-    for result in results:
-        m = result.metrics or {}
-        if result.error is not None or m.get("diverged") or "trial_id" not in m or "round" not in m:
-            continue  # (a trial that had finished before a resume reports its MLflow metrics, without a round)
-        if int(m["round"]) >= rounds(result.config):
-            continue
-        for run in _trial_runs(mlflow, tracking, m["trial_id"]):
-            if run.data.tags.get(f"{TAG_PREFIX}outcome") in ("finished", "diverged"):
-                continue  # an Optuna trial's earlier seeds, which ran to the end
-            mlflow.set_tag(run.info.run_id, f"{TAG_PREFIX}outcome", STOPPED_EARLY)
-            mlflow.set_tag(run.info.run_id, f"{TAG_PREFIX}stopped_after_round", str(int(m["round"])))
-            if run.info.status != "FINISHED":
-                mlflow.set_terminated(run.info.run_id, "FINISHED")
-
-
-def _scheduler(settings, configs: list[ExperimentConfig]):
-    """Tune's ASHA on rounds (each report is an evaluation round; ``round`` grows with it), or None."""
+def _scheduler(settings, configs: list[ExperimentConfig], tracking: dict[str, str]):
+    """Tune's ASHA on rounds (each report is an evaluation round; ``round`` grows with it), marking the runs it
+    stops (:mod:`fedsweep.stopping`), or None."""
     if settings.scheduler is None:
         return None
-    from ray.tune.schedulers import ASHAScheduler
-
     asha = settings.scheduler.asha
-    return ASHAScheduler(time_attr="round", grace_period=asha.grace_rounds, reduction_factor=asha.reduction_factor,
-                         max_t=max(c.rounds for c in configs))
+    return MarkingASHA(tracking, time_attr="round", grace_period=asha.grace_rounds, reduction_factor=asha.reduction_factor,
+                       max_t=max(c.rounds for c in configs))
 
 
 def open_storage(sweep: Sweep) -> Storage:
@@ -391,7 +364,7 @@ def run_sweep(sweep: Sweep, verbose: int = 1, resume: bool = False, tags: dict[s
                 metric=settings.selection_metric(),  # what a searcher or scheduler optimises
                 mode=settings.mode,
                 max_concurrent_trials=settings.max_concurrent_trials,
-                scheduler=_scheduler(settings, configs),
+                scheduler=_scheduler(settings, configs, tracking),
                 # A finished trial's actor (torch imported, bundle reserved) runs the next trial of equal
                 # resources: one process start fewer per trial.
                 reuse_actors=True,
@@ -410,11 +383,13 @@ def run_sweep(sweep: Sweep, verbose: int = 1, resume: bool = False, tags: dict[s
     status = "FAILED"
     try:
         results = tuner.fit()
-        if settings.scheduler is not None:
-            _mark_stopped_early(results, lambda config: placed(config).rounds, tracking)
+        stopped = mark_stopped_early(tracking) if settings.scheduler is not None else set()
+        if cut := interrupted(results, total, lambda config: placed(config).rounds, stopped):  # Ctrl-C
+            end_interrupted(tracking)
         errors = sum(1 for r in results if r.error is not None)
-        status = "FINISHED" if errors == 0 else "FAILED"
+        status = "KILLED" if cut else "FINISHED" if errors == 0 else "FAILED"
         _log_report(uri, first.tracking.experiment, parent, settings)
     finally:
         mlflow.set_terminated(parent, status)
-    return {"parent_run_id": parent, "results": results, "errors": errors, "tracking_uri": uri, "experiment_id": experiment_id}
+    return {"parent_run_id": parent, "results": results, "errors": errors, "interrupted": cut, "tracking_uri": uri,
+            "experiment_id": experiment_id}

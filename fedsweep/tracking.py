@@ -22,7 +22,6 @@ from fedsweep.metric_writer import MetricWriter
 
 TAG_PREFIX = "fedsweep."
 PARENT_TAG = "mlflow.parentRunId"
-#: Set on a run whose evaluation let the scored model see test data (Per-FedAvg's adapt_on_test_batch).
 #: The tag of a run whose evaluation lets the scored model see test data; its value names that evaluation.
 LEAK_TAG = f"{TAG_PREFIX}evaluation"
 #: ``fedsweep.outcome`` of a run that a scheduler stopped before its last round (FINISHED, never a best setting).

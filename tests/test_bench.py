@@ -125,6 +125,25 @@ def test_a_two_method_benchmark_tunes_equally_selects_on_validation_and_merges(r
         assert sorted(runs.groupby("algorithm")["seed"].apply(sorted).tolist()) == [[1, 2], [1, 2]], budget
         assert set(pd.read_csv(out / "skew" / f"table_b{budget}.csv")["seeds"]) == {2}
 
+    # a run that an interrupted trial left marked stopped_early (fedsweep before 2026-11-26 so marked a trial that
+    # Ctrl-C stopped, and took it as done on resume): --resume finds that phase incomplete and runs it again, for
+    # that method only: a tuning run of local's (tuned again, then its final runs), a final run of fedavg's
+    c = MlflowClient(tracking_uri)
+    state = json.loads(path.read_text())
+    before = {k: dict(e) for k, e in state["methods"].items()}
+    tuned, _ = load_runs(tracking_uri, "bench-test", before["local"]["tune_run"])
+    finals, _ = load_runs(tracking_uri, "bench-test", before["fedavg"]["final_run"])
+    for runs, key in ((tuned, "local"), (finals, "fedavg")):
+        c.set_tag(runs.loc[runs["algorithm"] == key, "run_id"].iloc[0], "fedsweep.outcome", "stopped_early")
+    assert main(["bench", a, "--output", str(out), "--quiet", "--resume"]) == 0
+    state = json.loads(path.read_text())
+    assert state["methods"]["local"]["tune_run"] != before["local"]["tune_run"]
+    assert state["methods"]["local"]["chosen"] == before["local"]["chosen"]  # same seeds, same numbers: same choice
+    assert state["methods"]["fedavg"]["tune_run"] == before["fedavg"]["tune_run"]
+    assert state["methods"]["fedavg"]["final_run"] != before["fedavg"]["final_run"]
+    for budget in (1, 3):
+        assert set(pd.read_csv(out / "skew" / f"table_b{budget}.csv")["seeds"]) == {2}
+
     # the protocol edited after its run (one more round): the folder's results are of another protocol, so
     # --resume runs every method again instead of rewriting the tables from the old runs
     raw = yaml.safe_load(Path(a).read_text())
@@ -171,7 +190,7 @@ def test_a_sweep_stopped_before_its_end_stops_the_whole_benchmark(tracking_uri, 
     def stopped(sweep, resume, parent, verbose):
         experiment_id = ensure_experiment(tracking_uri, "bench-test")
         run = client(tracking_uri).create_run(experiment_id, tags={"fedsweep.sweep": "true"}).info.run_id
-        return {"errors": failed, "parent_run_id": run}  # a failed trial as well: still more runs missing than failed
+        return {"errors": failed, "interrupted": False, "parent_run_id": run}  # a failed trial as well: still more runs missing than failed
 
     monkeypatch.setattr(bench_run, "_run", stopped)
     folder, a, b = files

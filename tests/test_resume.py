@@ -183,3 +183,56 @@ def test_a_storage_that_cannot_be_reached_is_refused_before_anything_starts(tmp_
     assert "sweep.storage_path" in r.stderr and "no-such-bucket" in r.stderr
     assert "Traceback" not in r.stderr and "Started a local Ray instance" not in r.stderr
     assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_a_sweep_stopped_with_ctrl_c_reruns_its_stopped_trials_on_resume(tmp_path):
+    """Ctrl-C (SIGINT to the driver) while a trial runs, no scheduler: Tune saves its state and stops the trial.
+    That trial's run ends KILLED (whether its thread saw the stop or Ray ended its process first), never FINISHED
+    nor stopped_early (which --resume would take for done, and a table for a setting a scheduler dropped); the
+    parent run ends KILLED and the command exits 130 saying how to go on; --resume reruns the trial to its last
+    round, with an uninterrupted run's numbers."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    body = config_dict(algorithm={"local_lr": {"grid": [0.1, 0.05]}, "local_steps": 150}, rounds=6, eval_every=2,
+                       resources={"cluster_cpus": 2, "client_workers": 1}, tracking={"experiment": "resume", "tracking_uri": uri})
+    body["sweep"] = {"name": "c", "max_concurrent_trials": 1, "storage_path": str(tmp_path / "ray_results")}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(body))
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_RUN_ID")}
+    driver = subprocess.Popen([FEDSWEEP, "sweep", str(path), "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env, cwd=tmp_path, start_new_session=True)
+    deadline = time.time() + 300
+    from mlflow import MlflowClient
+
+    def mid_trial(runs) -> bool:  # a trial past its first evaluation and short of its last
+        steps = [m.step for x in runs if x.info.status == "RUNNING" for m in MlflowClient(uri).get_metric_history(x.info.run_id, "uploads")]
+        return 2 <= max(steps, default=0) < 5
+    try:
+        while not mid_trial(children(uri)):
+            assert driver.poll() is None and time.time() < deadline, "the sweep ended or stalled before it could be stopped"
+            time.sleep(0.2)
+        driver.send_signal(signal.SIGINT)
+        _, err = driver.communicate(timeout=300)
+    finally:
+        if driver.poll() is None:
+            kill_session(driver)
+    assert driver.returncode == 130, err[-3000:]
+    assert f"fedsweep sweep {path} --resume" in err
+    before = children(uri)
+    assert not [x for x in before if x.data.tags.get("fedsweep.outcome") == "stopped_early"]
+    stopped = [x for x in before if x.info.status == "KILLED"]
+    assert len(stopped) == 1 and len(before) <= 2, [(x.info.status, x.data.tags.get("fedsweep.outcome")) for x in before]
+    c = MlflowClient(uri)
+    [parent] = [x for x in c.search_runs([c.get_experiment_by_name("resume").experiment_id]) if x.data.tags.get("fedsweep.sweep")]
+    assert parent.info.status == "KILLED"
+
+    r = subprocess.run([FEDSWEEP, "sweep", str(path), "--quiet", "--resume"], capture_output=True, text=True, env=env,
+                       cwd=tmp_path, timeout=600, check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    after = children(uri)
+    assert len(after) == 2 and all(x.info.status == "FINISHED" and x.data.tags["fedsweep.outcome"] == "finished" for x in after)
+    assert stopped[0].info.run_id not in {x.info.run_id for x in after}
+    sweep = load_sweep(path)
+    for x in after:
+        assert [m.step for m in c.get_metric_history(x.info.run_id, "uploads")] == list(range(7))
+        reference = run_local(sweep.trials[int(x.data.tags["fedsweep.trial_index"])].config)[0][-1]
+        assert x.data.metrics["personalized_accuracy_mean"] == pytest.approx(reference["personalized_accuracy_mean"], rel=1e-9)

@@ -1,0 +1,80 @@
+"""How a sweep's trials ended: to its last round, stopped early by the scheduler, or interrupted (Ctrl-C).
+
+A trial's own thread cannot tell the last two apart: Tune stops it the same way (``SystemExit`` at its next
+report), and the thread ends its MLflow run KILLED (:func:`fedsweep.experiment.execute`). The scheduler knows
+when it decides: :class:`MarkingASHA` tags the run then (``fedsweep.stopped_after_round``), in MLflow, so the
+mark outlives the driver. At the sweep's end :func:`mark_stopped_early` turns each tagged run FINISHED with
+outcome ``stopped_early`` (counted, never a best setting); a run stopped without the tag was interrupted, and
+``--resume`` reruns it (:func:`fedsweep.sweep._earlier_attempts` deletes it, or its checkpoint goes on).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ray.tune.schedulers import ASHAScheduler
+
+from fedsweep.tracking import STOPPED_EARLY, TAG_PREFIX, client
+
+#: The tag of a run whose trial the scheduler stopped before its last round: that round.
+STOPPED_AFTER = f"{TAG_PREFIX}stopped_after_round"
+
+
+def trial_runs(mlflow, tracking: dict[str, str], trial_id: str, also: str = ""):
+    """The MLflow runs of Tune trial ``trial_id`` under this sweep's parent run (``also``: more of the filter)."""
+    return mlflow.search_runs(
+        [tracking["experiment_id"]],
+        filter_string=f"tags.`ray.trial_id` = '{trial_id}' and tags.`mlflow.parentRunId` = '{tracking['parent_run_id']}'{also}",
+    )
+
+
+class MarkingASHA(ASHAScheduler):
+    """Tune's ASHA on rounds, which tags the running MLflow run of each trial it stops before that run's last
+    round with the round it stopped at, when it decides."""
+
+    def __init__(self, tracking: dict[str, str], **asha):
+        super().__init__(**asha)
+        self._tracking = tracking
+
+    def on_trial_result(self, tune_controller, trial, result: dict) -> str:
+        decision = super().on_trial_result(tune_controller, trial, result)
+        if decision == self.STOP and "round" in result:
+            mlflow = client(self._tracking["uri"])
+            for run in trial_runs(mlflow, self._tracking, trial.trial_id, " and attributes.status = 'RUNNING'"):
+                if int(result["round"]) < int(run.data.params.get("rounds", 0)):
+                    mlflow.set_tag(run.info.run_id, STOPPED_AFTER, str(int(result["round"])))
+        return decision
+
+
+def mark_stopped_early(tracking: dict[str, str]) -> set[str]:
+    """Each run of this sweep that the scheduler stopped (tagged, in this driver's life or an earlier one's):
+    FINISHED with outcome stopped_early. Returns their trials' ids."""
+    mlflow = client(tracking["uri"])
+    tagged = mlflow.search_runs([tracking["experiment_id"]], max_results=50000, filter_string=(
+        f"tags.`mlflow.parentRunId` = '{tracking['parent_run_id']}' and tags.`{STOPPED_AFTER}` LIKE '%'"))
+    for run in tagged:
+        if run.data.tags.get(f"{TAG_PREFIX}outcome") != STOPPED_EARLY:
+            mlflow.set_tag(run.info.run_id, f"{TAG_PREFIX}outcome", STOPPED_EARLY)
+        if run.info.status != "FINISHED":
+            mlflow.set_terminated(run.info.run_id, "FINISHED")
+    return {run.data.tags["ray.trial_id"] for run in tagged}
+
+
+def end_interrupted(tracking: dict[str, str]) -> None:
+    """After an interrupted Tune run: this sweep's runs still RUNNING (trials whose processes Ray ended before
+    their threads saw the stop) ended KILLED, as those whose threads saw it are."""
+    mlflow = client(tracking["uri"])
+    for run in mlflow.search_runs([tracking["experiment_id"]], max_results=50000, filter_string=(
+            f"tags.`mlflow.parentRunId` = '{tracking['parent_run_id']}' and attributes.status = 'RUNNING'")):
+        mlflow.set_terminated(run.info.run_id, "KILLED")
+
+
+def interrupted(results, total: int, rounds: Callable[[dict], int], stopped: set[str]) -> bool:
+    """Whether the sweep's Tune run ended before its trials: fewer than ``total`` trials made, or one that
+    neither failed, diverged, ran its last round nor was ``stopped`` by the scheduler (Tune returns from
+    Ctrl-C without an error, its stopped trials TERMINATED)."""
+    def ended(result) -> bool:
+        m = result.metrics or {}
+        return (result.error is not None or bool(m.get("diverged")) or "round" not in m  # (a run done before a resume)
+                or int(m["round"]) >= rounds(result.config) or m.get("trial_id") in stopped)
+    return len(results) < total or not all(ended(r) for r in results)
