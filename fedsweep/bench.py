@@ -345,6 +345,9 @@ def compact_markdown(tables: dict[int, pd.DataFrame], metric: str) -> str:
         cells.append(f"{r['transmissions mean']:.0f}")
         cells += [_pm(r[f"{BENCH_METRICS[-1]} mean"], r[f"{BENCH_METRICS[-1]} ci95"], True)] if unseen else []
         for b in budgets[1:]:
+            if r["algorithm"] not in smaller[b].index:  # its choice at b has no row (a final seed diverged): said below that table
+                cells += ["—", "—"]
+                continue
             row = smaller[b].loc[r["algorithm"]]
             cells += [_pm(row[f"{metric} mean"], row[f"{metric} ci95"], True), str(int(ranks[b][r["algorithm"]]))]
         lines.append("| " + " | ".join(cells) + " |")

@@ -185,7 +185,10 @@ def write_tables(bench: Bench, state: dict[str, Any], uri: str, folder: Path) ->
                   f"(seeds {settings.seeds}); test metrics over the final seeds {bench.settings.final_seeds}, mean ± 95% CI. "
                   f"transmissions: floats sent up and down by the end, in models. Tuning time per method (s, the "
                   f"servers' wall time summed over its runs): {wall}.")
-        (folder / f"table_b{budget}.md").write_text(header + "\n\n" + to_markdown(table) + "\n")
+        absent = sorted(k for k, by_budget in chosen.items() if by_budget.get(budget) and k not in set(table["algorithm"]))
+        note = (f"\nNot in this table: {', '.join(absent)}: a final run of its chosen setting did not finish (diverged, or "
+                f"interrupted); see final_runs_b{budget}.csv.\n" if absent else "")
+        (folder / f"table_b{budget}.md").write_text(header + "\n\n" + to_markdown(table) + "\n" + note)
         table.to_csv(folder / f"table_b{budget}.csv", index=False)
         save_runs(runs, tags, str(folder / f"final_runs_b{budget}.csv"))
         (folder / f"ranking_b{budget}.png").write_bytes(ranking_figure(table, settings.metric, f"{bench.name}, budget {budget}"))

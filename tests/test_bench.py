@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from fedsweep.bench import choose, load_bench, missing_runs
+from fedsweep.bench import BENCH_METRICS, choose, compact_markdown, load_bench, missing_runs
 from fedsweep.cli import main
 from fedsweep.config import ConfigError
 from fedsweep.table import load_runs
@@ -307,3 +307,18 @@ def test_a_tie_on_validation_goes_to_the_setting_drawn_first():
                              "val_personalized_accuracy_mean": [0.85, 0.85, 0.80]})
         assert choose(runs, "personalized_accuracy_mean", "max", 3) == keys[0]
         assert choose(runs.iloc[::-1], "personalized_accuracy_mean", "min", 3) == "mid"
+
+
+def test_a_method_without_a_row_at_the_smaller_budget_gets_dashes_in_the_compact_table():
+    """A method whose smaller-budget choice has no row (a final seed diverged, so that setting is not eligible)
+    keeps its full-budget row, with "—" for the smaller budget's score and rank; the others keep theirs."""
+    def table(rows):
+        frame = pd.DataFrame([{"algorithm": a, "best setting": f"β={v}", **{f"{m} mean": v for m in BENCH_METRICS},
+                               **{f"{m} ci95": 0.01 for m in BENCH_METRICS}} for a, v in rows])
+        frame.attrs["mode"] = "max"
+        return frame
+
+    lines = compact_markdown({16: table([("ifca", 0.9), ("local", 0.8)]), 4: table([("local", 0.7)])},
+                             "personalized_accuracy_mean").splitlines()
+    assert lines[2].startswith("| 1 | ifca | β=0.9 | 90.00 ± 1.00 |") and lines[2].endswith("| — | — |")
+    assert lines[3].endswith("| 70.00 ± 1.00 | 1 |")
