@@ -126,23 +126,23 @@ def test_a_two_method_benchmark_tunes_equally_selects_on_validation_and_merges(r
         assert set(pd.read_csv(out / "skew" / f"table_b{budget}.csv")["seeds"]) == {2}
 
     # a run that an interrupted trial left marked stopped_early (fedsweep before 2026-11-26 so marked a trial that
-    # Ctrl-C stopped, and took it as done on resume): --resume finds that phase incomplete and runs it again, for
-    # that method only: a tuning run of local's (tuned again, then its final runs), a final run of fedavg's
+    # Ctrl-C stopped, and took it for done on resume): --resume finds that phase incomplete and runs it again, for
+    # that method only (bench_run._choose_again, which run_bench calls first): a tuning run of local's (tuned
+    # again: choice and final runs dropped), a final run of fedavg's (its final runs only)
+    from fedsweep.bench_run import _choose_again
+
     c = MlflowClient(tracking_uri)
-    state = json.loads(path.read_text())
-    before = {k: dict(e) for k, e in state["methods"].items()}
-    tuned, _ = load_runs(tracking_uri, "bench-test", before["local"]["tune_run"])
-    finals, _ = load_runs(tracking_uri, "bench-test", before["fedavg"]["final_run"])
-    for runs, key in ((tuned, "local"), (finals, "fedavg")):
-        c.set_tag(runs.loc[runs["algorithm"] == key, "run_id"].iloc[0], "fedsweep.outcome", "stopped_early")
-    assert main(["bench", a, "--output", str(out), "--quiet", "--resume"]) == 0
-    state = json.loads(path.read_text())
-    assert state["methods"]["local"]["tune_run"] != before["local"]["tune_run"]
-    assert state["methods"]["local"]["chosen"] == before["local"]["chosen"]  # same seeds, same numbers: same choice
-    assert state["methods"]["fedavg"]["tune_run"] == before["fedavg"]["tune_run"]
-    assert state["methods"]["fedavg"]["final_run"] != before["fedavg"]["final_run"]
-    for budget in (1, 3):
-        assert set(pd.read_csv(out / "skew" / f"table_b{budget}.csv")["seeds"]) == {2}
+    methods = json.loads(path.read_text())["methods"]
+    tuned, _ = load_runs(tracking_uri, "bench-test", methods["local"]["tune_run"])
+    finals, _ = load_runs(tracking_uri, "bench-test", methods["fedavg"]["final_run"])
+    marked = [runs.loc[runs["algorithm"] == key, "run_id"].iloc[0] for runs, key in ((tuned, "local"), (finals, "fedavg"))]
+    for run_id in marked:
+        c.set_tag(run_id, "fedsweep.outcome", "stopped_early")
+    _choose_again(load_bench(a), methods, tracking_uri, "bench-test")
+    assert not {"chosen", "tune_run", "final_run"} & set(methods["local"])
+    assert "final_run" not in methods["fedavg"] and methods["fedavg"]["chosen"] == state["methods"]["fedavg"]["chosen"]
+    for run_id in marked:
+        c.set_tag(run_id, "fedsweep.outcome", "finished")
 
     # the protocol edited after its run (one more round): the folder's results are of another protocol, so
     # --resume runs every method again instead of rewriting the tables from the old runs
