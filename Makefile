@@ -37,7 +37,8 @@ lint: $(STAMP)
 # pytest exits 5 when it collects no test; that is a failure here, as is any other non-zero code.
 # Two pytest workers, a test file each at a time (--dist loadfile: a module's shared sweep or server runs once):
 # the Ray tests mostly wait (process starts, polls), so two overlap on 2 cores. PYTEST_ARGS="-n 0" runs one.
-XDIST := -n 2 --dist loadfile
+# Files go out in the order tests/conftest.py sorts them (heaviest first), not xdist's (most tests first).
+XDIST := -n 2 --dist loadfile --no-loadscope-reorder
 test: $(STAMP) lint test-services
 	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 
