@@ -38,8 +38,8 @@ def _run(sweep: Sweep, resume: bool, parent: str, verbose: int) -> dict[str, Any
 
 
 class Interrupted(Exception):
-    """A phase's sweep returned with more runs missing than trials failed: trials never ran, so it was stopped
-    (Ctrl-C; Tune saves its state and returns without an error). The benchmark stops there, every later cell unstarted; ``--resume`` goes on."""
+    """A phase's sweep returned interrupted, or with more runs missing than trials failed: trials never ran, so it
+    was stopped (Ctrl-C; Tune saves its state and returns without an error). The benchmark stops there, every later cell unstarted; ``--resume`` goes on."""
 
 
 def run_bench(bench: Bench, output: str | Path, resume: bool = False, verbose: int = 1) -> tuple[Path, int]:

@@ -10,6 +10,7 @@ outcome ``stopped_early`` (counted, never a best setting); a run stopped without
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 from ray.tune.schedulers import ASHAScheduler
@@ -30,19 +31,29 @@ def trial_runs(mlflow, tracking: dict[str, str], trial_id: str, also: str = ""):
 
 class MarkingASHA(ASHAScheduler):
     """Tune's ASHA on rounds, which tags the running MLflow run of each trial it stops before that run's last
-    round with the round it stopped at, when it decides."""
+    round with the round it stopped at, when it decides. A tag the tracking server does not take (an outage) is
+    tried again at the next decision; an error here never reaches Tune's loop."""
 
     def __init__(self, tracking: dict[str, str], **asha):
         super().__init__(**asha)
         self._tracking = tracking
+        self._untagged: list[tuple[str, int]] = []
 
     def on_trial_result(self, tune_controller, trial, result: dict) -> str:
         decision = super().on_trial_result(tune_controller, trial, result)
         if decision == self.STOP and "round" in result:
-            mlflow = client(self._tracking["uri"])
-            for run in trial_runs(mlflow, self._tracking, trial.trial_id, " and attributes.status = 'RUNNING'"):
-                if int(result["round"]) < int(run.data.params.get("rounds", 0)):
-                    mlflow.set_tag(run.info.run_id, STOPPED_AFTER, str(int(result["round"])))
+            self._untagged.append((trial.trial_id, int(result["round"])))
+        with contextlib.suppress(Exception):  # the tracking server is away: the next decision tries again
+            mlflow = client(self._tracking["uri"]) if self._untagged else None
+            while self._untagged:
+                trial_id, stopped_at = self._untagged[0]
+                for run in trial_runs(mlflow, self._tracking, trial_id):
+                    # (an Optuna trial's earlier seeds ran to the end; the stopped seed's run is RUNNING, or KILLED
+                    # once its thread saw the stop)
+                    if (run.data.tags.get(f"{TAG_PREFIX}outcome") not in ("finished", "diverged")
+                            and stopped_at < int(run.data.params.get("rounds", 0))):
+                        mlflow.set_tag(run.info.run_id, STOPPED_AFTER, str(stopped_at))
+                self._untagged.pop(0)
         return decision
 
 
