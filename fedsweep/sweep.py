@@ -54,8 +54,11 @@ def _earlier_attempts(tracking: dict[str, str], trial_id: str, seed: int, keep: 
     earlier = trial_runs(mlflow, tracking, trial_id, f" and tags.`{TAG_PREFIX}seed` = '{seed}'")
     done = None
     for run in earlier:
-        ended = run.data.tags.get(f"{TAG_PREFIX}outcome") in ("finished", "diverged", STOPPED_EARLY) or STOPPED_AFTER in run.data.tags
-        if ended and done is None:  # (stopped by the scheduler: marked stopped_early at the sweep's end)
+        tags = run.data.tags
+        # stopped by the scheduler (marked stopped_early at the sweep's end); without one nothing stops a trial
+        # early, and a stopped_early mark there is an interruption's (fedsweep before 2026-11-26): rerun
+        stopped = bool(tracking.get("scheduler")) and (tags.get(f"{TAG_PREFIX}outcome") == STOPPED_EARLY or STOPPED_AFTER in tags)
+        if (tags.get(f"{TAG_PREFIX}outcome") in ("finished", "diverged") or stopped) and done is None:
             done = run
         elif run.info.run_id != keep:
             if run.info.status == "RUNNING":
@@ -306,7 +309,8 @@ def run_sweep(sweep: Sweep, verbose: int = 1, resume: bool = False, tags: dict[s
         experiment_dir = storage.path(name)
         parent = mlflow.create_run(experiment_id, run_name=settings.name, tags={**sweep_tags(sweep, len(configs)), **(tags or {})}
                                    ).info.run_id
-    tracking = {"uri": uri, "experiment_id": experiment_id, "parent_run_id": parent}
+    tracking = {"uri": uri, "experiment_id": experiment_id, "parent_run_id": parent,
+                "scheduler": "asha" if settings.scheduler is not None else ""}
     checkpoint_root = (storage, posixpath.join(experiment_dir, "fedsweep_checkpoints"))
     if sweep.points is None:  # grid or random search: the trials are known; Tune runs them by index
         trainable = tune.with_parameters(

@@ -52,3 +52,30 @@ def test_rounds_are_written_at_evaluations_checkpoints_and_the_end_and_none_is_l
     assert stored() == [0, 1, 2, 3, 4, 5]
     assert [m.value for m in sorted(c.get_metric_history(log.run_id, "uploads"), key=lambda m: m.step)] == \
         [h["uploads"] for h in history[:6]]
+
+
+def test_a_stopped_early_run_counts_as_done_on_resume_only_under_a_scheduler(tracking_uri):
+    """A trial restarted by --resume takes an earlier run for done when it finished, diverged or was stopped by
+    the scheduler; in a sweep without a scheduler a stopped_early mark can only be an interruption's (fedsweep
+    before 2026-11-26 so marked a Ctrl-C'd trial): that run is deleted and the trial reruns."""
+    from mlflow import MlflowClient
+
+    from fedsweep.sweep import _earlier_attempts
+    from fedsweep.tracking import ensure_experiment
+
+    c = MlflowClient(tracking_uri)
+    experiment_id = ensure_experiment(tracking_uri, "resume-marks")
+    parent = c.create_run(experiment_id).info.run_id
+
+    def attempt(outcome: str) -> str:
+        run = c.create_run(experiment_id, tags={"mlflow.parentRunId": parent, "ray.trial_id": outcome,
+                                                "fedsweep.seed": "0", "fedsweep.outcome": outcome}).info.run_id
+        c.set_terminated(run, "FINISHED")
+        return run
+
+    runs = {outcome: attempt(outcome) for outcome in ("finished", "stopped_early")}
+    for scheduler, kept in (("asha", {"finished", "stopped_early"}), ("", {"finished"})):
+        tracking = {"uri": tracking_uri, "experiment_id": experiment_id, "parent_run_id": parent, "scheduler": scheduler}
+        done = {o for o in runs if (d := _earlier_attempts(tracking, o, 0)) is not None and d.info.run_id == runs[o]}
+        assert done == kept, scheduler
+    assert c.get_run(runs["stopped_early"]).info.lifecycle_stage == "deleted"
