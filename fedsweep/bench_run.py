@@ -117,15 +117,17 @@ def _choose_again(bench: Bench, methods: dict[str, dict[str, Any]], uri: str, ex
     or final runs are not all there (a run deleted; an interrupted trial's run, which fedsweep before 2026-11-26
     marked stopped_early) runs that phase again. Where the selection rule (``bench.choose``) now chooses otherwise than
     recorded, the new choice is recorded and that method's final runs run again."""
-    owner = bench.owner()
     for run_id, keys in _by_run(bench, methods, "tune_run").items():
         runs, _ = load_runs(uri, experiment, run_id)
+        complete = []
         for key in keys:
-            if _incomplete(bench, key, "tuning", runs, [s for s, k in owner.items() if k == key], bench.sweep_section["seeds"]):
+            if _incomplete(bench, key, "tuning", runs, list(bench.sections[key]), bench.sweep_section["seeds"]):
                 for gone in ("chosen", "tune_run", "final_run"):
                     methods[key].pop(gone, None)
-                continue
-            if (now := {str(b): s for b, s in chosen_settings(bench, runs, [key])[key].items()}) != methods[key]["chosen"]:
+            else:
+                complete.append(key)
+        for key, chosen in chosen_settings(bench, runs, complete).items():
+            if (now := {str(b): s for b, s in chosen.items()}) != methods[key]["chosen"]:
                 print(f"[bench {bench.name}] {key}: the selection rule now chooses {now} (recorded: {methods[key]['chosen']}); "
                       "its final runs run again", file=sys.stderr)
                 methods[key]["chosen"] = now
@@ -185,7 +187,8 @@ def write_tables(bench: Bench, state: dict[str, Any], uri: str, folder: Path) ->
                   f"(seeds {settings.seeds}); test metrics over the final seeds {bench.settings.final_seeds}, mean ± 95% CI. "
                   f"transmissions: floats sent up and down by the end, in models. Tuning time per method (s, the "
                   f"servers' wall time summed over its runs): {wall}.")
-        absent = sorted(k for k, by_budget in chosen.items() if by_budget.get(budget) and k not in set(table["algorithm"]))
+        rows = set(table["algorithm"])
+        absent = sorted(k for k, by_budget in chosen.items() if by_budget.get(budget) and k not in rows)
         note = (f"\nNot in this table: {', '.join(absent)}: a final run of its chosen setting did not finish (diverged, or "
                 f"interrupted); see final_runs_b{budget}.csv.\n" if absent else "")
         (folder / f"table_b{budget}.md").write_text(header + "\n\n" + to_markdown(table) + "\n" + note)

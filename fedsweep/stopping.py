@@ -21,12 +21,15 @@ from fedsweep.tracking import STOPPED_EARLY, TAG_PREFIX, client
 STOPPED_AFTER = f"{TAG_PREFIX}stopped_after_round"
 
 
+def sweep_runs(mlflow, tracking: dict[str, str], also: str = ""):
+    """The MLflow runs under this sweep's parent run (``also``: more of the filter, starting with " and ")."""
+    return mlflow.search_runs([tracking["experiment_id"]], max_results=50000,
+                              filter_string=f"tags.`mlflow.parentRunId` = '{tracking['parent_run_id']}'{also}")
+
+
 def trial_runs(mlflow, tracking: dict[str, str], trial_id: str, also: str = ""):
     """The MLflow runs of Tune trial ``trial_id`` under this sweep's parent run (``also``: more of the filter)."""
-    return mlflow.search_runs(
-        [tracking["experiment_id"]],
-        filter_string=f"tags.`ray.trial_id` = '{trial_id}' and tags.`mlflow.parentRunId` = '{tracking['parent_run_id']}'{also}",
-    )
+    return sweep_runs(mlflow, tracking, f" and tags.`ray.trial_id` = '{trial_id}'{also}")
 
 
 class MarkingASHA(ASHAScheduler):
@@ -61,8 +64,7 @@ def mark_stopped_early(tracking: dict[str, str]) -> set[str]:
     """Each run of this sweep that the scheduler stopped (tagged, in this driver's life or an earlier one's):
     FINISHED with outcome stopped_early. Returns their trials' ids."""
     mlflow = client(tracking["uri"])
-    tagged = mlflow.search_runs([tracking["experiment_id"]], max_results=50000, filter_string=(
-        f"tags.`mlflow.parentRunId` = '{tracking['parent_run_id']}' and tags.`{STOPPED_AFTER}` LIKE '%'"))
+    tagged = sweep_runs(mlflow, tracking, f" and tags.`{STOPPED_AFTER}` LIKE '%'")
     for run in tagged:
         if run.data.tags.get(f"{TAG_PREFIX}outcome") != STOPPED_EARLY:
             mlflow.set_tag(run.info.run_id, f"{TAG_PREFIX}outcome", STOPPED_EARLY)
@@ -75,8 +77,7 @@ def end_interrupted(tracking: dict[str, str]) -> None:
     """After an interrupted Tune run: this sweep's runs still RUNNING (trials whose processes Ray ended before
     their threads saw the stop) ended KILLED, as those whose threads saw it are."""
     mlflow = client(tracking["uri"])
-    for run in mlflow.search_runs([tracking["experiment_id"]], max_results=50000, filter_string=(
-            f"tags.`mlflow.parentRunId` = '{tracking['parent_run_id']}' and attributes.status = 'RUNNING'")):
+    for run in sweep_runs(mlflow, tracking, " and attributes.status = 'RUNNING'"):
         mlflow.set_terminated(run.info.run_id, "KILLED")
 
 
