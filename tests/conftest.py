@@ -122,12 +122,13 @@ def postgres():
 
 
 @pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory, postgres):
+def mlflow_server(request, tmp_path_factory, postgres):
     """`infra/mlflow_server.sh` on a free loopback port, PostgreSQL behind it (:class:`tests.services.MlflowServer`:
-    ``url``, ``port``, ``proc``; ``stop()`` and ``start()`` again on the same port and store), stopped at the end."""
+    ``url``, ``port``, ``proc``; ``stop()`` and ``start()`` again on the same port and store), stopped at the end;
+    with the module's ``MLFLOW_WORKERS`` worker processes, else the script's default."""
     from tests.services import MlflowServer
 
-    server = MlflowServer(postgres, tmp_path_factory.mktemp("mlflow-server"))
+    server = MlflowServer(postgres, tmp_path_factory.mktemp("mlflow-server"), getattr(request.module, "MLFLOW_WORKERS", None))
     server.start()
     yield server
     server.stop()

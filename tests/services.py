@@ -67,8 +67,8 @@ class MlflowServer:
     """`infra/mlflow_server.sh` on a free loopback port with ``backend_store_uri`` behind it; :meth:`stop` and
     :meth:`start` again keep the port, the store and the artifact folder."""
 
-    def __init__(self, backend_store_uri: str, folder: Path):
-        self.backend_store_uri, self.folder = backend_store_uri, folder
+    def __init__(self, backend_store_uri: str, folder: Path, workers: int | None = None):
+        self.backend_store_uri, self.folder, self.workers = backend_store_uri, folder, workers  # None: the script's default
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
@@ -78,6 +78,8 @@ class MlflowServer:
         """Start it and wait until it answers ``/health``."""
         env = {**os.environ, "MLFLOW_PORT": str(self.port), "MLFLOW_SERVER_DIR": str(self.folder / "srv"),
                "BACKEND_STORE_URI": self.backend_store_uri}
+        if self.workers is not None:
+            env["MLFLOW_WORKERS"] = str(self.workers)
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
         with open(self.log_file, "a") as log:  # the child keeps its own descriptor
             self.proc = subprocess.Popen(["bash", str(ROOT / "infra" / "mlflow_server.sh")], stdout=log,
