@@ -67,6 +67,23 @@ def _earlier_attempts(tracking: dict[str, str], trial_id: str, seed: int, keep: 
     return done
 
 
+def quiet_ignored_exit() -> None:
+    """In this (trial) process, an exit that Python could not raise is not printed. At a sweep's end Ray ends an idle
+    reused trial process with SIGTERM; its handler raises SystemExit, and when that lands in a garbage-collector
+    callback Python ignores it and prints "Exception ignored in ..." with a traceback into the sweep's log, for an
+    ending that is no error. Every other ignored exception is printed as before."""
+    if getattr(sys.unraisablehook, "fedsweep_quiet_exit", False):
+        return
+    printed = sys.unraisablehook
+
+    def hook(unraisable) -> None:
+        if not isinstance(unraisable.exc_value, SystemExit):
+            printed(unraisable)
+
+    hook.fedsweep_quiet_exit = True
+    sys.unraisablehook = hook
+
+
 def _experiment(cfg: ExperimentConfig, overrides: dict, index: int, tracking: dict[str, str], checkpoint_every: int,
                 checkpoints: tuple[Storage, str] | None, to_tune: Callable[[dict[str, float]], None]) -> dict[str, float]:
     """One experiment of a trial, its own MLflow run, each evaluation round passed to ``to_tune``; returns its
@@ -79,6 +96,7 @@ def _experiment(cfg: ExperimentConfig, overrides: dict, index: int, tracking: di
     # default), then fails the *next* trial ("Trainable runner reuse requires reset_config() ..."). A trial ASHA
     # stopped took longer than 2 s to close on a loaded 2-core machine (the suite under two pytest workers).
     os.environ.setdefault("TUNE_FUNCTION_THREAD_TIMEOUT_S", "300")
+    quiet_ignored_exit()
     ctx = tune.get_context()
     saved = checkpoint_files.load_latest(*checkpoints) if checkpoints else None
     resume, run_id = saved[0] if saved else None, saved[1]["run_id"] if saved else None

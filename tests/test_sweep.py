@@ -3,13 +3,15 @@ then read back by `fedsweep table`."""
 
 from __future__ import annotations
 
+import sys
+
 import pandas as pd
 import pytest
 import yaml
 
 from fedsweep.cli import main
 from fedsweep.loading import load_sweep
-from fedsweep.sweep import run_sweep
+from fedsweep.sweep import quiet_ignored_exit, run_sweep
 from fedsweep.table import best_settings, ci95, load_runs, to_markdown
 from tests.conftest import config_dict
 
@@ -126,6 +128,26 @@ def test_table_cli_formats(finished_sweep, tracking_uri, tmp_path, capsys, monke
     assert a["seeds"].tolist() == [2]
     assert main(["table", "--experiment", "sweep-test", "--metric", "nope"]) == 2
     assert main(["table", "--experiment", "missing"]) == 2
+
+
+def test_an_exit_python_ignores_is_not_printed_other_ignored_errors_are(monkeypatch):
+    """Ray's SIGTERM handler raising SystemExit inside a garbage-collector callback (a reused trial process ended at a
+    sweep's end) printed a traceback into every sweep's log; other ignored exceptions still reach the hook."""
+    printed = []
+    monkeypatch.setattr(sys, "unraisablehook", printed.append)
+    quiet_ignored_exit()
+    quiet_ignored_exit()  # once per process: a second call wraps nothing more
+
+    class Ends:
+        def __init__(self, error):
+            self.error = error
+
+        def __del__(self):
+            raise self.error
+
+    Ends(SystemExit(1))
+    Ends(ValueError("kept"))
+    assert [type(u.exc_value) for u in printed] == [ValueError]
 
 
 def test_ci95_values():
