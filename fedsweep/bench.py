@@ -73,6 +73,7 @@ class Bench:
     sweep_section: dict[str, Any]
     methods: dict[str, dict[str, Any]]  # key -> the method's algorithm section (common fields in it)
     tunes: dict[str, Sweep]
+    only: list[str] | None = None  # --methods: the methods this run tunes and re-runs (None: every method of the file)
 
     @property
     def budgets(self) -> list[int]:
@@ -192,7 +193,7 @@ def load_bench(path: str | Path, check_cluster: bool = True, only: list[str] | N
         raise ConfigError(problems)
     assert settings is not None
     body = {k: v for k, v in raw.items() if k not in ("bench", "sweep")}
-    bench = Bench(file, str(sweep_section.get("name", Path(file).stem)), settings, body, sweep_section, methods, {})
+    bench = Bench(file, str(sweep_section.get("name", Path(file).stem)), settings, body, sweep_section, methods, {}, only)
     for key, algorithm in methods.items():
         try:
             # a random search of this method alone: its draws, checked as `fedsweep sweep` checks them

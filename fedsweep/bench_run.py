@@ -17,7 +17,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from fedsweep.bench import Bench, bench_table, chosen_settings, compact_markdown, missing_runs, read_state, write_state
+from fedsweep.bench import (
+    Bench,
+    bench_table,
+    chosen_settings,
+    compact_markdown,
+    load_bench,
+    missing_runs,
+    read_state,
+    write_state,
+)
 from fedsweep.config import ConfigError, Sweep
 from fedsweep.table import load_runs, save_runs, to_markdown
 from fedsweep.tracking import PARENT_TAG, TAG_PREFIX, client, ensure_experiment, resolve_tracking_uri
@@ -66,6 +75,7 @@ def run_bench(bench: Bench, output: str | Path, resume: bool = False, verbose: i
                   "edited, or a code change to a trial's configuration, such as a new field): it runs again", file=sys.stderr)
             methods[key] = {}
         methods.setdefault(key, {})["settings"] = drawn
+        _check_seeds(bench, key, methods[key], folder)
     _choose_again(bench, methods, uri, experiment)
     write_state(folder, state)
     failed = 0
@@ -108,8 +118,25 @@ def run_bench(bench: Bench, output: str | Path, resume: bool = False, verbose: i
     for key in bench.tunes:
         if not any(methods[key].get("chosen", {}).values()):
             print(f"[bench {bench.name}] {key}: no setting finished on every tuning seed; not in the tables", file=sys.stderr)
-    write_tables(bench, state, uri, folder)
+    # the tables hold every method of the file that has its final runs, not only those of --methods
+    write_tables(load_bench(bench.path, check_cluster=False) if bench.only else bench, state, uri, folder)
     return folder, failed
+
+
+def _check_seeds(bench: Bench, key: str, entry: dict[str, Any], folder: Path) -> None:
+    """A method's recorded phases against the file's seeds now: tuning seeds changed, it is tuned again (a choice
+    averaged over other seeds, or a final seed that tuned); final seeds changed, its final runs run again (a table's
+    n must be its seeds'). A state written before the seeds were recorded takes them as they are."""
+    seeds = {"tuning": sorted(bench.sweep_section["seeds"]), "final": sorted(bench.settings.final_seeds)}
+    recorded = entry.get("seeds", seeds)
+    for phase, gone in (("tuning", ("chosen", "tune_run", "final_run")), ("final", ("final_run",))):
+        if recorded[phase] != seeds[phase] and any(g in entry for g in gone):
+            print(f"[bench {bench.name}] {key}: the {phase} seeds are {seeds[phase]} now, {recorded[phase]} when {folder} "
+                  f"was written: its {phase} runs run again", file=sys.stderr)
+            for g in gone:
+                entry.pop(g, None)
+            break
+    entry["seeds"] = seeds
 
 
 def _choose_again(bench: Bench, methods: dict[str, dict[str, Any]], uri: str, experiment: str) -> None:
@@ -161,7 +188,9 @@ def write_tables(bench: Bench, state: dict[str, Any], uri: str, folder: Path) ->
     benchmark's MLflow run."""
     first = next(iter(bench.tunes.values()))
     experiment, settings = first.trials[0].config.tracking.experiment, first.settings
-    done = {k: e for k, e in state["methods"].items() if "final_run" in e and k in bench.tunes}
+    # a method whose draws changed since its runs (left out of a --methods run's checks) is not read as this protocol's
+    done = {k: e for k, e in state["methods"].items()
+            if "final_run" in e and k in bench.tunes and e.get("settings") == sorted(bench.sections[k])}
     frames = []
     for run in dict.fromkeys(e["final_run"] for e in done.values()):
         # a method's final runs from its own final sweep: an earlier final sweep may hold the same setting's runs
@@ -187,10 +216,7 @@ def write_tables(bench: Bench, state: dict[str, Any], uri: str, folder: Path) ->
                   f"(seeds {settings.seeds}); test metrics over the final seeds {bench.settings.final_seeds}, mean ± 95% CI. "
                   f"transmissions: floats sent up and down by the end, in models. Tuning time per method (s, the "
                   f"servers' wall time summed over its runs): {wall}.")
-        rows = set(table["algorithm"])
-        absent = sorted(k for k, by_budget in chosen.items() if by_budget.get(budget) and k not in rows)
-        note = (f"\nNot in this table: {', '.join(absent)}: a final run of its chosen setting did not finish (diverged, or "
-                f"interrupted); see final_runs_b{budget}.csv.\n" if absent else "")
+        note = _absent_note(bench, state["methods"], set(table["algorithm"]), budget)
         (folder / f"table_b{budget}.md").write_text(header + "\n\n" + to_markdown(table) + "\n" + note)
         table.to_csv(folder / f"table_b{budget}.csv", index=False)
         save_runs(runs, tags, str(folder / f"final_runs_b{budget}.csv"))
@@ -201,6 +227,26 @@ def write_tables(bench: Bench, state: dict[str, Any], uri: str, folder: Path) ->
         (folder / "compact.md").write_text(compact_markdown(tables, settings.metric) + "\n")
         client(uri).log_artifacts(state["run_id"], str(folder), "bench")
     return tables
+
+
+def _absent_note(bench: Bench, methods: dict[str, dict[str, Any]], rows: set[str], budget: int) -> str:
+    """Every method of the file missing from budget ``budget``'s table, with why: a table says what it leaves out."""
+    why = {}
+    for key in bench.tunes:
+        entry = methods.get(key, {})
+        if key in rows:
+            continue
+        if "chosen" not in entry:
+            why[key] = "not tuned yet, or its tuning did not finish; --resume goes on"
+        elif entry.get("settings") != sorted(bench.sections[key]):
+            why[key] = "its settings changed since its runs; --resume runs it again"
+        elif entry["chosen"].get(str(budget)) is None:
+            why[key] = f"none of its first {budget} settings finished on every tuning seed"
+        elif "final_run" not in entry:
+            why[key] = "its final runs did not all finish; --resume goes on"
+        else:
+            why[key] = f"a final run of its chosen setting did not finish (diverged, or interrupted); see final_runs_b{budget}.csv"
+    return "".join(f"\nNot in this table: {key}: {reason}.\n" for key, reason in sorted(why.items()))
 
 
 # --------------------------------------------------------------------------- figures

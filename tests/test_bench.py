@@ -107,6 +107,10 @@ def test_a_two_method_benchmark_tunes_equally_selects_on_validation_and_merges(r
     after = len(MlflowClient(tracking_uri).search_runs([MlflowClient(tracking_uri).get_experiment_by_name("bench-test").experiment_id]))
     assert after == before
     assert main(["bench", a, "--output", str(out), "--quiet"]) == 2
+    # --methods runs one method, and the tables still hold every method of the file that has its final runs
+    assert main(["bench", a, "--output", str(out), "--quiet", "--resume", "--methods", "local"]) == 0
+    assert sorted(pd.read_csv(out / "skew" / "table_b3.csv")["algorithm"]) == ["fedavg", "local"]
+    assert "Not in this table" not in (out / "skew" / "table_b3.md").read_text()
 
     # a choice recorded by another selection rule (an older code's tie-break): --resume chooses again from the
     # tuning runs, records the rule's choice and runs that method's final runs again; the other method's stay
@@ -156,6 +160,41 @@ def test_a_two_method_benchmark_tunes_equally_selects_on_validation_and_merges(r
     # its table has no method with a global model: that column says so ("—") instead of failing
     row = (out / "skew" / "compact.md").read_text().splitlines()[2].split(" | ")
     assert row[1] == "local" and row[6] == "—"
+    # fedavg's runs are of the old protocol (2 rounds): left out, and the table says why
+    assert "Not in this table: fedavg: its settings changed since its runs; --resume runs it again." in (
+        out / "skew" / "table_b3.md").read_text()
+
+
+def test_a_change_of_seeds_reruns_the_phases_it_touches_and_a_table_names_every_method_it_leaves_out(files, capsys):
+    """bench_state.json records each method's seeds: tuning seeds changed, it is tuned again; final seeds changed, its
+    final runs run again (the choice stays). Each reason a method is not in a table is written under it."""
+    from fedsweep.bench_run import _absent_note, _check_seeds
+
+    folder, a, _ = files
+    bench = load_bench(a, check_cluster=False)
+    settings = {key: sorted(bench.sections[key]) for key in bench.tunes}
+    done = {"chosen": {"3": "s1", "1": "s2"}, "tune_run": "t", "final_run": "f"}
+    seeds = {"tuning": [0], "final": [1, 2]}  # the file's
+    entry = {"settings": settings["local"], **done}
+    _check_seeds(bench, "local", entry, folder)  # recorded before seeds were: taken as they are
+    assert entry == {"settings": settings["local"], **done, "seeds": seeds}
+    entry["seeds"] = {"tuning": [0], "final": [1, 2, 3]}
+    _check_seeds(bench, "local", entry, folder)
+    assert "final_run" not in entry and entry["chosen"] == done["chosen"] and entry["seeds"] == seeds
+    entry.update(done, seeds={"tuning": [5], "final": [1, 2]})
+    _check_seeds(bench, "local", entry, folder)
+    assert not {"chosen", "tune_run", "final_run"} & set(entry) and entry["seeds"] == seeds
+    err = capsys.readouterr().err
+    assert "local: the final seeds are [1, 2] now, [1, 2, 3]" in err and "local: the tuning seeds are [0] now, [5]" in err
+
+    methods = {"fedavg": {"settings": settings["fedavg"], "chosen": {"3": "x", "1": None}, "final_run": "f"}}
+    note = _absent_note(bench, methods, set(), 1)
+    assert "fedavg: none of its first 1 settings finished on every tuning seed." in note
+    assert "local: not tuned yet, or its tuning did not finish" in note
+    methods["local"] = {"settings": settings["local"], "chosen": {"3": "y", "1": "y"}}
+    assert "local: its final runs did not all finish" in _absent_note(bench, methods, set(), 3)
+    assert "fedavg: a final run of its chosen setting did not finish" in _absent_note(bench, methods, set(), 3)
+    assert _absent_note(bench, methods, {"fedavg", "local"}, 3) == ""
 
 
 def problems(path) -> str:
