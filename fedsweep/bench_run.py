@@ -43,7 +43,25 @@ def _run(sweep: Sweep, resume: bool, parent: str, verbose: int) -> dict[str, Any
             resumable = True
         except ConfigError:  # never started, or interrupted before Tune saved anything: start it
             pass
-    return run_sweep(sweep, verbose=verbose, resume=resumable, tags={PARENT_TAG: parent, f"{TAG_PREFIX}bench": sweep.settings.name})
+    out = run_sweep(sweep, verbose=verbose, resume=resumable, tags={PARENT_TAG: parent, f"{TAG_PREFIX}bench": sweep.settings.name})
+    return {**out, "restored": resumable}
+
+
+def _phase(bench: Bench, sweep: Sweep, resume: bool, parent: str, verbose: int, uri: str, experiment: str,
+           settings: list[str], seeds: list[int]) -> tuple[dict[str, Any], pd.DataFrame, int]:
+    """A phase's sweep run (:func:`_run`), its runs and how many of those it owes are missing. A restored Tune
+    experiment that Tune had finished runs nothing, even where MLflow lacks runs (deleted, or taken for missing by
+    :func:`_choose_again`): then the phase runs again from the start, once."""
+    out = _run(sweep, resume, parent, verbose)
+    runs, _ = load_runs(uri, experiment, out["parent_run_id"])
+    missing = missing_runs(runs, settings, seeds)
+    if out["restored"] and not out["interrupted"] and missing > out["errors"]:
+        print(f"[bench {bench.name}] {sweep.settings.name}: Tune's saved sweep had ended with {missing} run(s) missing in "
+              "MLflow; it runs again from the start", file=sys.stderr)
+        out = _run(sweep, False, parent, verbose)
+        runs, _ = load_runs(uri, experiment, out["parent_run_id"])
+        missing = missing_runs(runs, settings, seeds)
+    return out, runs, missing
 
 
 class Interrupted(Exception):
@@ -82,10 +100,8 @@ def run_bench(bench: Bench, output: str | Path, resume: bool = False, verbose: i
     if pending := [k for k in bench.tunes if "chosen" not in methods[k]]:
         sweep = bench.tune_sweep(pending)
         print(f"[bench {bench.name}] tuning {len(pending)} method(s): {sweep.describe()}", flush=True)
-        out = _run(sweep, resume, state["run_id"], verbose)
-        runs, _ = load_runs(uri, experiment, out["parent_run_id"])
         owed = [s for s, k in bench.owner().items() if k in pending]
-        missing = missing_runs(runs, owed, bench.sweep_section["seeds"])
+        out, runs, missing = _phase(bench, sweep, resume, state["run_id"], verbose, uri, experiment, owed, bench.sweep_section["seeds"])
         if out["interrupted"] or missing > out["errors"]:  # more runs missing than trials failed: the sweep was stopped
             raise Interrupted(f"[bench {bench.name}] the tuning sweep stopped with {missing} of "
                               f"{len(owed) * len(bench.sweep_section['seeds'])} runs missing; nothing chosen")
@@ -102,9 +118,8 @@ def run_bench(bench: Bench, output: str | Path, resume: bool = False, verbose: i
         sections = {s: bench.section(k, s) for k in pending for s in methods[k]["chosen"].values() if s is not None}
         sweep = bench.final_sweep(list(sections.values()))
         print(f"[bench {bench.name}] final runs of {len(pending)} method(s): {sweep.describe()}", flush=True)
-        out = _run(sweep, resume, state["run_id"], verbose)
-        final, _ = load_runs(uri, experiment, out["parent_run_id"])
-        missing = missing_runs(final, list(sections), bench.settings.final_seeds)
+        out, _, missing = _phase(bench, sweep, resume, state["run_id"], verbose, uri, experiment, list(sections),
+                                 bench.settings.final_seeds)
         if out["interrupted"] or missing > out["errors"]:  # more runs missing than trials failed: the sweep was stopped
             raise Interrupted(f"[bench {bench.name}] the final sweep stopped with {missing} run(s) missing")
         if out["errors"] or missing:

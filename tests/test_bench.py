@@ -164,6 +164,15 @@ def test_a_two_method_benchmark_tunes_equally_selects_on_validation_and_merges(r
     assert "Not in this table: fedavg: its settings changed since its runs; --resume runs it again." in (
         out / "skew" / "table_b3.md").read_text()
 
+    # a final run deleted after its sweep ended: restored, Tune's saved sweep (ended) would run nothing, and every
+    # resume would stop there; the phase runs again from the start instead
+    c.delete_run(runs["run_id"].iloc[0])
+    assert main(["bench", a, "--output", str(out), "--quiet", "--resume", "--methods", "local"]) == 0
+    again = json.loads((out / "skew" / "bench_state.json").read_text())["methods"]["local"]
+    assert again["final_run"] != state["methods"]["local"]["final_run"]
+    rerun, _ = load_runs(tracking_uri, "bench-test", again["final_run"])
+    assert missing_runs(rerun, sorted(set(again["chosen"].values())), [1, 2]) == 0
+
 
 def test_a_change_of_seeds_reruns_the_phases_it_touches_and_a_table_names_every_method_it_leaves_out(files, capsys):
     """bench_state.json records each method's seeds: tuning seeds changed, it is tuned again; final seeds changed, its
