@@ -335,9 +335,12 @@ def cmd_algorithms(args) -> int:
 def cmd_ui(args) -> int:
     if (uri := _tracking_uri(args.tracking_uri)) is None:
         return EXIT_BAD_INPUT
-    cmd = ["mlflow", "ui", "--backend-store-uri", uri, "--host", args.host, "--port", str(args.port)]
+    # this interpreter's MLflow: `mlflow` need not be on PATH (.venv/bin/fedsweep run without the venv activated)
+    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", args.host, "--port", str(args.port)]
     print(f"MLflow UI on http://{args.host}:{args.port} for {uri}")
-    return subprocess.call(cmd)
+    # MLflow's job execution (eight processes with MLflow loaded, for GenAI jobs fedsweep never runs) unless asked for,
+    # as in infra/mlflow_server.sh
+    return subprocess.call(cmd, env={"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ})
 
 
 def build_parser() -> argparse.ArgumentParser:
