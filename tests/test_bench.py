@@ -238,7 +238,7 @@ def test_a_sweep_stopped_before_its_end_stops_the_whole_benchmark(tracking_uri, 
     def stopped(sweep, resume, parent, verbose):
         experiment_id = ensure_experiment(tracking_uri, "bench-test")
         run = client(tracking_uri).create_run(experiment_id, tags={"fedsweep.sweep": "true"}).info.run_id
-        return {"errors": failed, "interrupted": False, "parent_run_id": run}  # a failed trial as well: still more runs missing than failed
+        return {"errors": failed, "interrupted": False, "parent_run_id": run, "restored": False}  # a failed trial as well: still more runs missing than failed
 
     monkeypatch.setattr(bench_run, "_run", stopped)
     folder, a, b = files
