@@ -63,6 +63,21 @@ def postgres_cluster() -> Iterator[str]:
         log_file.unlink(missing_ok=True)  # beside the folder, so that a failed start can still be read
 
 
+def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float, log=lambda: "") -> None:
+    """Until the MLflow server at ``url`` answers ``/health``; the test fails if ``proc`` exits or time runs out."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        try:
+            if urllib.request.urlopen(f"{url}/health", timeout=2).status == 200:
+                return
+        except OSError:
+            pass
+        if proc.poll() is not None:
+            pytest.fail(f"mlflow server exited: {log()}")
+        time.sleep(0.5)
+    pytest.fail(f"mlflow server did not answer /health within {timeout_s:.0f} s")
+
+
 class MlflowServer:
     """`infra/mlflow_server.sh` on a free loopback port with ``backend_store_uri`` behind it; :meth:`stop` and
     :meth:`start` again keep the port, the store and the artifact folder."""
@@ -84,17 +99,7 @@ class MlflowServer:
         with open(self.log_file, "a") as log:  # the child keeps its own descriptor
             self.proc = subprocess.Popen(["bash", str(ROOT / "infra" / "mlflow_server.sh")], stdout=log,
                                          stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        deadline = time.time() + timeout_s
-        while time.time() < deadline:
-            try:
-                if urllib.request.urlopen(f"{self.url}/health", timeout=2).status == 200:
-                    return
-            except OSError:
-                pass
-            if self.proc.poll() is not None:
-                pytest.fail(f"mlflow server exited: {self.log_file.read_text()[-3000:]}")
-            time.sleep(0.5)
-        pytest.fail(f"mlflow server did not answer /health within {timeout_s:.0f} s")
+        wait_healthy(self.url, self.proc, timeout_s, lambda: self.log_file.read_text()[-3000:])
 
     def stop(self) -> None:
         """Stop its process group (SIGTERM, then SIGKILL after 30 s): nothing listens on the port afterwards."""

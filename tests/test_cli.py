@@ -192,11 +192,10 @@ def test_ui_serves_the_store_without_mlflow_job_processes(tmp_path):
     """`fedsweep ui`: MLflow's UI on 127.0.0.1 for the store; MLflow's job execution (a job runner and seven huey
     consumers, each with MLflow loaded) stays off, as fedsweep runs no MLflow job."""
     import signal
-    import time
-    import urllib.request
 
     import psutil
 
+    from tests.services import wait_healthy
     from tests.test_job_submit import free_port
 
     port = free_port()
@@ -206,14 +205,7 @@ def test_ui_serves_the_store_without_mlflow_job_processes(tmp_path):
                            f"sqlite:///{tmp_path / 'mlflow.db'}"], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
                           stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                if urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).status == 200:
-                    break
-            except OSError:
-                assert ui.poll() is None and time.time() < deadline, "the UI exited or did not answer within 120 s"
-                time.sleep(0.2)
+        wait_healthy(f"http://127.0.0.1:{port}", ui, 120)
         session = [p.cmdline() for p in psutil.process_iter() if os.getsid(p.pid) == ui.pid]
         assert any("mlflow" in " ".join(c) for c in session)
         assert not [c for c in session if "huey" in " ".join(c) or "_job_runner" in " ".join(c)], session
