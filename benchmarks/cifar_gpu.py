@@ -6,7 +6,7 @@ issue 23 asks. Without a GPU the two CPU variants run instead (one at a time, st
 
     python benchmarks/cifar_gpu.py --data-dir DIR      # DIR holds cifar-10-batches-py/
     python benchmarks/cifar_gpu.py                      # stand-in files of CIFAR-10's size and format
-    python benchmarks/cifar_gpu.py --rounds 2 --clients 10 --clients-per-actor 5 --per-class 20   # CI size (tests)
+    python benchmarks/cifar_gpu.py --rounds 2 --clients 10 --clients-per-actor 5 --per-class 20 --tau 2   # CI size (tests)
 
 Without ``--data-dir`` the images are random bytes in CIFAR-10's exact files and shapes: the timings
 are those of the real workload, the accuracies mean nothing and are not printed.
@@ -48,14 +48,15 @@ class GPUSampler(threading.Thread):
             time.sleep(0.2)
 
 
-def run(root: Path, rounds: int, cpus: float, gpus: float, k: int, stacked: bool = False, clients: int = 100) -> dict:
+def run(root: Path, rounds: int, cpus: float, gpus: float, k: int, stacked: bool = False, clients: int = 100,
+        tau: int = 20) -> dict:
     cfg = validate({
         "name": "cifar-gpu", "seed": 0,
         "data": {"dataset": "cifar10", "root": str(root), "num_clients": clients,
                  "partition": {"name": "acid", "classes_per_client": 5}},
         "model": {"name": "cnn"},
         "algorithm": {"name": "pfldyn", "transform": "maml", "alpha": 0.01, "beta": 0.1, "lambda": 0.01,
-                      "r": 0.1, "tau": 20, "batch_size": 50},
+                      "r": 0.1, "tau": tau, "batch_size": 50},
         "rounds": rounds, "eval_every": rounds,
         "resources": {"server_cpus": 1, "client_cpus": cpus, "client_gpus": gpus, "clients_per_actor": k,
                       "vectorize_clients": stacked},
@@ -90,6 +91,7 @@ def main() -> int:
     ap.add_argument("--clients-per-actor", type=int, default=10)
     ap.add_argument("--clients", type=int, default=100)
     ap.add_argument("--per-class", type=int, default=1000, help="stand-in images of each class in each file")
+    ap.add_argument("--tau", type=int, default=20, help="local steps a round (the PFL protocol's 20)")
     args = ap.parse_args()
     root = Path(args.data_dir) if args.data_dir else Path(tempfile.mkdtemp()) / "data"
     if not args.data_dir:
@@ -108,7 +110,7 @@ def main() -> int:
         variants |= {"CPU actors, stacked": (cpu_share, 0.0, True)}
     results = {}
     for name, (cpus, slice_, vectorize) in variants.items():
-        r = results[name] = run(root, args.rounds, cpus, slice_, args.clients_per_actor, vectorize, args.clients)
+        r = results[name] = run(root, args.rounds, cpus, slice_, args.clients_per_actor, vectorize, args.clients, args.tau)
         util = f", GPU utilisation mean {r['gpu_util_mean']:.0f}% max {r['gpu_util_max']:.0f}%, memory {r['gpu_mem_mb']:.0f} MB" if slice_ else ""
         print(f"{name} ({cpus} CPU, {slice_} GPU each): {r['rounds_per_s']:.3f} rounds/s, devices {r['devices']}{util}", flush=True)
     one, stacked = (("GPU actors, one client at a time", "GPU actors, stacked") if gpus else

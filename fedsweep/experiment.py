@@ -183,19 +183,27 @@ def round_spans(start: int, last: int, ends: set[int] | None) -> list[tuple[int,
     return list(zip([start, *(e + 1 for e in cut)], cut))
 
 
-def runs_in_process(cfg: ExperimentConfig) -> bool:
-    """Whether ``fedsweep run`` runs ``cfg`` in the command's own process, not on Ray: a layout of one process (a
-    worker pool of one: no ClientActor, no GPU; the layout chosen for a stacked model, :func:`fedsweep.layout.auto_layout`)
-    with no cluster to join (``ray_address``, ``$RAY_ADDRESS``). Such a run has nothing for Ray to place, and Ray's
-    start and stop dominated such a command (docs/performance.md, section 8). A sweep always runs on Ray."""
+def one_process(cfg: ExperimentConfig) -> bool:
+    """Whether ``cfg``'s layout is one process: a worker pool of one (no ClientActor) and no GPU, the layout chosen
+    for a stacked model (:func:`fedsweep.layout.auto_layout`). Such a run has nothing for Ray to place: ``fedsweep
+    run`` runs it in the command's process (:func:`runs_in_process`), a sweep's trial in the trial's process."""
     r = cfg.resources
-    return not r.address() and r.num_client_actors(cfg.num_clients) == 0 and not r.client_gpus and not r.cluster_gpus
+    return r.num_client_actors(cfg.num_clients) == 0 and not r.client_gpus and not r.cluster_gpus
+
+
+def runs_in_process(cfg: ExperimentConfig) -> bool:
+    """Whether ``fedsweep run`` runs ``cfg`` in the command's own process, not on Ray: a layout of one process
+    (:func:`one_process`) with no cluster to join (``ray_address``, ``$RAY_ADDRESS``). Ray's start and stop
+    dominated such a command (docs/performance.md, section 8)."""
+    return not cfg.resources.address() and one_process(cfg)
 
 
 class InProcessRunner(ExperimentRunner):
-    """:class:`actors.server.ExperimentServer` (the ServerActor's class) in this process (:func:`runs_in_process`):
+    """:class:`actors.server.ExperimentServer` (the ServerActor's class) in this process (:func:`one_process`):
     the same calls, answered at once; this process's torch thread count is :data:`fedsweep.federation.COMPUTE_THREADS`
-    from :meth:`start` to :meth:`stop` (:func:`fedsweep.federation.compute_threads`), as in an actor."""
+    from :meth:`start` to :meth:`stop` (:func:`fedsweep.federation.compute_threads`), as in an actor. In a Tune
+    trial this process holds bundle 0 of the trial's placement group, the bundle a ServerActor would have shared
+    with it; there is no process to start or keep warm (a trial process's start-up was two processes' before)."""
 
     pipelines = False
 
@@ -239,9 +247,13 @@ def execute(
     instead of ``on_round``; ``resume`` (such a checkpoint) restarts after its round, and rounds the
     logger already holds are not logged twice. The MLflow run ends FINISHED, or FAILED with outcome
     ``diverged`` (non-finite global model) or ``error``; the exception is re-raised. ``runner``: the one to
-    use (e.g. an :class:`InProcessRunner`, possibly started already), else a new :class:`ExperimentRunner`.
+    use (e.g. an :class:`InProcessRunner`, possibly started already); else, in a Tune trial
+    (``trial_placement_group``) with a layout of one process, an :class:`InProcessRunner`, and otherwise a new
+    :class:`ExperimentRunner`.
     """
-    runner = runner or ExperimentRunner(cfg, trial_placement_group)
+    if runner is None:
+        in_trial = trial_placement_group is not None
+        runner = InProcessRunner(cfg) if in_trial and one_process(cfg) else ExperimentRunner(cfg, trial_placement_group)
     history: list[dict[str, float]] = []
     finished = ended_cleanly = False
     try:
@@ -249,7 +261,7 @@ def execute(
         if logger and runner.reused:
             logger.client.set_tag(logger.run_id, f"{TAG_PREFIX}warm_actors", "true")  # no process start: timings differ
         if logger and isinstance(runner, InProcessRunner):
-            logger.client.set_tag(logger.run_id, f"{TAG_PREFIX}in_process", "true")  # no Ray: timings differ
+            logger.client.set_tag(logger.run_id, f"{TAG_PREFIX}in_process", "true")  # no actor process: timings differ
         start = runner.restore(resume) if resume is not None else 0
         checkpoint_rounds = range(checkpoint_every, cfg.rounds, checkpoint_every) if on_checkpoint and checkpoint_every else ()
         for metrics in runner.rounds(start, pipelined=True, sync_after=checkpoint_rounds):

@@ -8,7 +8,7 @@ import torch
 
 from fedsweep.data import DigitsConfig, SyntheticConfig, build_federated_dataset, partitions
 from fedsweep.loading import validate
-from tests.conftest import config_dict
+from tests.conftest import ROOT, config_dict
 
 
 def test_synthetic_shapes_sizes_and_split():
@@ -104,6 +104,26 @@ def test_digits_split_deterministic_and_disjoint(partition):
     if partition["name"] == "label_skew":
         for c in a.clients:
             assert len(torch.unique(torch.cat([c.y_train, c.y_test]))) == 2
+
+
+def test_digits_are_scikit_learns_exactly_and_read_without_importing_it():
+    """fedsweep reads the file scikit-learn ships (its import cost every actor ~2 s of CPU): the same arrays as
+    ``load_digits`` gives, scaled to [0, 1] as before, and no scikit-learn module loaded to build a dataset."""
+    import subprocess
+    import sys
+
+    from sklearn.datasets import load_digits
+
+    from fedsweep.data import _digits
+
+    x, y = _digits()
+    d = load_digits()
+    assert x.dtype == np.float32 and y.dtype == np.int64 and x.shape == (1797, 64)
+    assert np.array_equal(x, (d.data / 16.0).astype(np.float32)) and np.array_equal(y, d.target)
+    code = ("import sys; from fedsweep.data import build_federated_dataset, DigitsConfig; "
+            "build_federated_dataset(DigitsConfig()); print(sorted(m for m in sys.modules if m.startswith('sklearn')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    assert out.strip() == "[]"
 
 
 def test_digits_config_default_partition_is_label_skew():

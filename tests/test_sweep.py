@@ -81,9 +81,10 @@ def test_same_seed_same_numbers_across_trials(finished_sweep, tracking_uri):
     assert runs.groupby("setting")["seed"].nunique().tolist() == [2, 2]
 
 
-def test_trials_on_warm_actors_give_the_numbers_of_fresh_ones(finished_sweep, tracking_uri):
-    """Two trial processes run four trials: the second trial of each reuses the actors of the first
-    (tag fedsweep.warm_actors), and every trial's final metrics are those of the in-process reference."""
+def test_trials_of_a_one_process_layout_run_in_their_tune_process_with_the_in_process_numbers(finished_sweep, tracking_uri):
+    """The layout chosen here is one process (a worker pool of one): each trial runs the server and its clients in
+    its own Tune process, starting no ServerActor (tag fedsweep.in_process), and its final metrics are those of the
+    in-process reference."""
     from mlflow import MlflowClient
 
     from fedsweep.engine import run_local
@@ -92,11 +93,37 @@ def test_trials_on_warm_actors_give_the_numbers_of_fresh_ones(finished_sweep, tr
     c = MlflowClient(tracking_uri)
     exp = c.get_experiment_by_name("sweep-test")
     children = [r for r in c.search_runs([exp.experiment_id]) if r.data.tags.get("mlflow.parentRunId")]
-    assert sum(r.data.tags.get("fedsweep.warm_actors") == "true" for r in children) >= 1
-    for r in children:
+    assert all(r.data.tags.get("fedsweep.in_process") == "true" for r in children) and len(children) == 4
+    assert_equals_run_local(sweep, children)
+
+
+def assert_equals_run_local(sweep, runs) -> None:
+    from fedsweep.engine import run_local
+
+    for r in runs:
         history, _ = run_local(sweep.trials[int(r.data.tags["fedsweep.trial_index"])].config)
         for name in ("personalized_accuracy_mean", "global_accuracy", "local_train_loss"):
             assert r.data.metrics[name] == pytest.approx(history[-1][name], rel=1e-12, abs=0), name
+
+
+def test_trials_on_warm_actors_give_the_numbers_of_fresh_ones(ray_session, tmp_path):
+    """A layout of two processes (the ServerActor and a ClientActor), three trials one at a time: the trials after
+    the first reuse the actors of the one before (tag fedsweep.warm_actors), with the numbers of fresh ones."""
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    body = config_dict(algorithm={"local_lr": {"grid": [0.1, 0.05, 0.02]}}, rounds=2, eval_every=2,
+                       tracking={"experiment": "warm", "tracking_uri": uri},
+                       resources={"_replace": True, "server_cpus": 0.2, "client_cpus": 0.4, "client_workers": 2})
+    body["sweep"] = {"name": "w", "max_concurrent_trials": 1, "storage_path": str(tmp_path / "ray_results")}
+    (tmp_path / "w.yaml").write_text(yaml.safe_dump(body))
+    sweep = load_sweep(tmp_path / "w.yaml")
+    assert run_sweep(sweep, verbose=0)["errors"] == 0
+    c = MlflowClient(uri)
+    children = [r for r in c.search_runs([c.get_experiment_by_name("warm").experiment_id]) if r.data.tags.get("mlflow.parentRunId")]
+    assert len(children) == 3 and not any(r.data.tags.get("fedsweep.in_process") for r in children)
+    assert sum(r.data.tags.get("fedsweep.warm_actors") == "true" for r in children) == 2
+    assert_equals_run_local(sweep, children)
 
 
 def test_table_best_setting_with_ci(finished_sweep, tracking_uri):
