@@ -87,8 +87,6 @@ def test_trials_of_a_one_process_layout_run_in_their_tune_process_with_the_in_pr
     in-process reference."""
     from mlflow import MlflowClient
 
-    from fedsweep.engine import run_local
-
     sweep, _ = finished_sweep
     c = MlflowClient(tracking_uri)
     exp = c.get_experiment_by_name("sweep-test")
