@@ -48,6 +48,9 @@ def resolve_tracking_uri(configured: str | None = None) -> str:
 def client(uri: str):
     from mlflow import MlflowClient
 
+    from fedsweep.sqlite_store import seed_new_store
+
+    seed_new_store(uri)  # a new SQLite store: a copy of an empty one, not MLflow's migrations run again
     return MlflowClient(tracking_uri=uri)
 
 

@@ -145,6 +145,34 @@ def test_bad_input_through_the_command_line_exits_2_before_ray_starts(tmp_path):
                     "ray": "Started a local Ray instance" in r.stderr}, BAD["cannot fit"][1])
 
 
+def test_the_command_ends_as_python_does_but_for_the_modules_teardown(tmp_path):
+    """``fedsweep`` (``fedsweep.cli:entry``) ends without finalizing its modules, after what Python's own end does
+    first: a thread that is not a daemon is waited for, the exit handlers run, all output is flushed, and the
+    code is main's (2 here: one of the two files is bad)."""
+    good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
+    good.write_text(yaml.safe_dump(config_dict()))
+    bad.write_text(yaml.safe_dump(config_dict(rounds=-1)))
+    code = f"""
+import atexit, sys, threading, time
+from pathlib import Path
+from fedsweep.cli import entry
+atexit.register(lambda: Path({str(tmp_path / 'atexit')!r}).write_text('ran'))
+threading.Thread(target=lambda: (time.sleep(0.5), Path({str(tmp_path / 'thread')!r}).write_text('done'))).start()
+sys.stdout.write('x' * 100000)  # buffered: flushed before the end
+class Finalized:
+    def __del__(self):
+        Path({str(tmp_path / 'finalized')!r}).write_text('yes')
+kept = Finalized()  # finalized only by the modules' teardown, which is skipped
+sys.argv = ['fedsweep', 'validate', {str(good)!r}, {str(bad)!r}]
+entry()
+"""
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stdout.startswith("x" * 100000) and f"{good}: OK" in r.stdout and "rounds" in r.stdout + r.stderr
+    assert (tmp_path / "atexit").read_text() == "ran" and (tmp_path / "thread").read_text() == "done"
+    assert not (tmp_path / "finalized").exists()
+
+
 @pytest.mark.ray
 def test_run_command_logs_one_run_with_progress(tmp_path):
     from mlflow import MlflowClient

@@ -79,3 +79,38 @@ def test_a_stopped_early_run_counts_as_done_on_resume_only_under_a_scheduler(tra
         done = {o for o in runs if (d := _earlier_attempts(tracking, o, 0)) is not None and d.info.run_id == runs[o]}
         assert done == kept, scheduler
     assert c.get_run(runs["stopped_early"]).info.lifecycle_stage == "deleted"
+
+
+def test_a_new_sqlite_store_is_a_copy_of_the_empty_one_and_equals_what_mlflow_creates(tmp_path):
+    """A new store made from the cached empty one has MLflow's own schema (every table, index and the head
+    revision), its Default experiment under its own artifact root, and takes runs; a store that exists is left
+    as it is."""
+    import sqlite3
+
+    from mlflow import MlflowClient
+
+    from fedsweep.sqlite_store import empty_store
+    from fedsweep.tracking import client
+
+    def schema(path):
+        con = sqlite3.connect(path)
+        try:
+            return (sorted(con.execute("select type, name, sql from sqlite_master")),
+                    con.execute("select version_num from alembic_version").fetchall(),
+                    sorted(con.execute("select name from workspaces")))
+        finally:
+            con.close()
+
+    ours, theirs = tmp_path / "ours.db", tmp_path / "theirs.db"
+    c = client(f"sqlite:///{ours}")
+    assert empty_store().exists() and ours.exists()
+    MlflowClient(f"sqlite:///{theirs}").search_experiments()  # MLflow's own creation
+    assert schema(ours) == schema(theirs)
+    assert c.get_experiment("0").name == "Default"
+    run = c.create_run(c.create_experiment("e")).info.run_id
+    c.log_metric(run, "m", 1.5)
+    assert c.get_run(run).data.metrics == {"m": 1.5}
+    before = ours.read_bytes()
+    client(f"sqlite:///{ours}")  # exists: untouched
+    assert ours.read_bytes() == before
+    assert not list(tmp_path.glob(".*.tmp"))
