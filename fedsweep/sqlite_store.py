@@ -29,14 +29,14 @@ def seed_new_store(uri: str) -> None:
     if path.exists() or not path.parent.is_dir():
         return
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    try:
-        shutil.copyfile(empty_store(), tmp)
-        with contextlib.suppress(FileExistsError):
-            os.link(tmp, path)
-    except Exception:  # noqa: BLE001 - MLflow creates the store itself, as it would without this
-        pass
-    finally:
-        tmp.unlink(missing_ok=True)
+    # on any failure MLflow creates the store itself, as it would without this
+    with contextlib.suppress(Exception):
+        try:
+            shutil.copyfile(empty_store(), tmp)
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
 
 
 @lru_cache(maxsize=1)
