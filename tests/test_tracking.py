@@ -92,10 +92,11 @@ def test_a_new_sqlite_store_is_a_copy_of_the_empty_one_and_equals_what_mlflow_cr
     from fedsweep.sqlite_store import empty_store
     from fedsweep.tracking import client
 
-    def schema(path):
+    def schema(path):  # a table's clauses as a set: MLflow's own migrations order some by a hash (PYTHONHASHSEED)
         con = sqlite3.connect(path)
         try:
-            return (sorted(con.execute("select type, name, sql from sqlite_master")),
+            return (sorted((kind, name, tuple(sorted(line.strip().rstrip(",").strip() for line in (sql or "").split("\n"))))
+                           for kind, name, sql in con.execute("select type, name, sql from sqlite_master")),
                     con.execute("select version_num from alembic_version").fetchall(),
                     sorted(con.execute("select name from workspaces")))
         finally:
