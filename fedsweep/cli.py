@@ -450,18 +450,17 @@ def main(argv: list[str] | None = None) -> int:
 
 def entry() -> None:
     """The ``fedsweep`` command: :func:`main`, then the end of the process as Python's own without its last step.
-    Python waits for the threads that are not daemons, runs the exit handlers (MLflow's, Ray's shutdown, logging's
-    flush), then finalizes every module: for torch, Ray, MLflow and SQLAlchemy that took 1.0-1.6 s at the end of
-    every command (docs/performance.md, section 9), and nothing of fedsweep's is left to it (its files are written
-    and closed). So the first two steps run here, stdout and stderr are flushed, and the process ends
-    (``os._exit``) with :func:`main`'s code. An exception out of :func:`main` ends the process as Python does."""
+    Python stops its thread pools and waits for the threads that are not daemons, runs the exit handlers (MLflow's,
+    Ray's shutdown, logging's flush), then finalizes every module: for torch, Ray, MLflow and SQLAlchemy that took
+    1.0-1.6 s at the end of every command (docs/performance.md, section 9), and nothing of fedsweep's is left to it
+    (its files are written and closed). So the first two steps run here (CPython's own functions for them), stdout
+    and stderr are flushed, and the process ends (``os._exit``) with :func:`main`'s code. An exception out of
+    :func:`main` ends the process as Python does."""
     import atexit
     import threading
 
     code = main()
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
+    threading._shutdown()  # what Python's end does first: stop the thread pools, wait for non-daemon threads
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()

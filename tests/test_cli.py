@@ -147,7 +147,7 @@ def test_bad_input_through_the_command_line_exits_2_before_ray_starts(tmp_path):
 
 def test_the_command_ends_as_python_does_but_for_the_modules_teardown(tmp_path):
     """``fedsweep`` (``fedsweep.cli:entry``) ends without finalizing its modules, after what Python's own end does
-    first: a thread that is not a daemon is waited for, the exit handlers run, all output is flushed, and the
+    first: a thread pool's idle worker is stopped, a thread that is not a daemon is waited for, the exit handlers run, all output is flushed, and the
     code is main's (2 here: one of the two files is bad)."""
     good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
     good.write_text(yaml.safe_dump(config_dict()))
@@ -158,6 +158,8 @@ from pathlib import Path
 from fedsweep.cli import entry
 atexit.register(lambda: Path({str(tmp_path / 'atexit')!r}).write_text('ran'))
 threading.Thread(target=lambda: (time.sleep(0.5), Path({str(tmp_path / 'thread')!r}).write_text('done'))).start()
+from concurrent.futures import ThreadPoolExecutor
+pool = ThreadPoolExecutor(1); pool.submit(lambda: None).result()  # an idle worker, not a daemon: stopped, not waited on forever
 sys.stdout.write('x' * 100000)  # buffered: flushed before the end
 class Finalized:
     def __del__(self):
