@@ -296,7 +296,6 @@ class FederatedDataset:
 
 
 @lru_cache(maxsize=1)
-@lru_cache(maxsize=1)
 def _digits() -> tuple[np.ndarray, np.ndarray]:
     """scikit-learn's digits (1,797 images of 8×8 pixels, values 0-16), read from the file scikit-learn ships, as
     its ``load_digits`` reads it, without importing scikit-learn: that import (scipy with it) cost every process
