@@ -98,6 +98,15 @@ class Setup:
         return build_algorithm(self.algorithm, model)
 
 
+def _same_model(algorithm: Algorithm, personalized, w: torch.Tensor) -> bool:
+    """Whether a client's personalized model is the global model ``w``: scored by the model itself (the base
+    :meth:`~fedsweep.algorithms.base.Algorithm.predictor`) with a vector equal to ``w`` bit for bit (FedAvg and
+    every method that does not personalize), so that its scores are the global scores (the same computation on the
+    same statistics: the client's, or those received, for both)."""
+    return (type(algorithm).predictor is Algorithm.predictor and isinstance(personalized, torch.Tensor)
+            and personalized.shape == w.shape and personalized.dtype == w.dtype and torch.equal(personalized, w))
+
+
 class Client:
     """One client: its shard, its model architecture and its persistent algorithm state."""
 
@@ -153,22 +162,27 @@ class Client:
     def _evaluate(self, p: State, global_params: np.ndarray | None, rnd: int) -> ClientEval:
         ctx = self.context(rnd, _EVAL)
         d = self.data
-        personal_model = self.algorithm.predictor(ctx, self.algorithm.personalize(ctx, p, self.current_state()))
+        personalized = self.algorithm.personalize(ctx, p, self.current_state())
+        personal_model = self.algorithm.predictor(ctx, personalized)
         pc, pl = score(personal_model, d.x_test, d.y_test)
         gc = gl = tl = None
+        same = False  # the personalized model is the global one: its scores are the global scores, not computed twice
         if global_params is not None:
             w = torch.tensor(global_params, device=self.device)
             global_model = lambda x: self.model(w, x)
-            gc, gl = score(global_model, d.x_test, d.y_test)
+            same = _same_model(self.algorithm, personalized, w)
+            gc, gl = (pc, pl) if same else score(global_model, d.x_test, d.y_test)
             _, tl = score(global_model, d.x_train, d.y_train)
         out = ClientEval(self.client_id, d.num_train, d.num_test, pc, pl, gc, gl, tl, self.times_trained)
         if d.num_val:
             out.num_val = d.num_val
             out.personalized_val_correct, out.personalized_val_loss_sum = score(personal_model, d.x_val, d.y_val)
-            if global_params is not None:
-                out.global_val_correct, out.global_val_loss_sum = score(global_model, d.x_val, d.y_val)
-            else:
+            if global_params is None:
                 out.global_val_correct = out.global_val_loss_sum = None
+            elif same:
+                out.global_val_correct, out.global_val_loss_sum = out.personalized_val_correct, out.personalized_val_loss_sum
+            else:
+                out.global_val_correct, out.global_val_loss_sum = score(global_model, d.x_val, d.y_val)
         return out
 
     def snapshot(self) -> ClientSnapshot:

@@ -206,3 +206,29 @@ def test_checkpoint_through_disk_resumes_to_the_same_numbers(algorithm, tmp_path
     assert torch.equal(server.params, ref_server.params)
     assert last["personalized_accuracy_mean"] == reference[-1]["personalized_accuracy_mean"]
     assert last["transmissions"] == reference[-1]["transmissions"]
+
+
+@pytest.mark.parametrize("algorithm", [{"name": "fedavg"}, {"name": "perfedavg", "variant": "fo"}])
+def test_a_personalized_model_equal_to_the_global_one_is_scored_once_with_the_same_numbers(algorithm, monkeypatch):
+    """FedAvg's personalized model is the global one: its test and validation scores are taken for the global
+    model instead of computed twice — the same sums, bit for bit, as computing both. Per-FedAvg personalizes (a
+    step on each client's data): both are computed, and they differ."""
+    from fedsweep import federation
+
+    cfg = validate(config_dict(algorithm=algorithm, rounds=2, eval_every=2, data={"validation_fraction": 0.25}))
+    calls = []
+    real = federation.score
+    monkeypatch.setattr(federation, "score", lambda *a, **k: calls.append(1) or real(*a, **k))
+    shortcut, _ = run_local(cfg)
+    n_shortcut = len(calls)
+    monkeypatch.setattr(federation, "_same_model", lambda *a: False)
+    calls.clear()
+    both, _ = run_local(cfg)
+    assert shortcut == both  # every metric of every evaluation round, exactly
+    evaluations, clients = len(cfg.eval_rounds()), cfg.num_clients
+    if algorithm["name"] == "fedavg":
+        assert n_shortcut == len(calls) - 2 * evaluations * clients  # test and validation parts, once each fewer
+    else:
+        assert n_shortcut == len(calls)
+        assert both[-1]["personalized_accuracy_mean"] != both[-1]["global_accuracy"] or \
+            both[-1]["personalized_loss_mean"] != both[-1]["global_loss"]
