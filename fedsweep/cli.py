@@ -464,7 +464,7 @@ def entry() -> None:
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(code if isinstance(code, int) else 1)
+    os._exit(0 if code is None else int(code))  # as sys.exit(code) for main's codes: None is 0
 
 
 if __name__ == "__main__":

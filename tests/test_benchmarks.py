@@ -16,8 +16,8 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]  # its own Ray, in the script's
 
 
 def test_the_cifar_gpu_benchmark_runs_its_cpu_variants_in_ci_size():
-    """10 clients on stand-in CIFAR-10 files (20 images of a class in each), 2 actors of 5, 2 rounds of 2 local steps: both CPU
-    variants (one client at a time, stacked) report a rate, and the script its ratio."""
+    """10 clients on stand-in CIFAR-10 files (20 images of a class in each), 2 actors of 5, 2 rounds of 2 local
+    steps: both CPU variants (one client at a time, stacked) report a rate, and the script its ratio."""
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_RUN_ID")}
     r = subprocess.run([sys.executable, "benchmarks/cifar_gpu.py", "--rounds", "2", "--clients", "10",
                         "--clients-per-actor", "5", "--per-class", "20", "--tau", "2"],

@@ -147,8 +147,8 @@ def test_bad_input_through_the_command_line_exits_2_before_ray_starts(tmp_path):
 
 def test_the_command_ends_as_python_does_but_for_the_modules_teardown(tmp_path):
     """``fedsweep`` (``fedsweep.cli:entry``) ends without finalizing its modules, after what Python's own end does
-    first: a thread pool's idle worker is stopped, a thread that is not a daemon is waited for, the exit handlers run, all output is flushed, and the
-    code is main's (2 here: one of the two files is bad)."""
+    first: a thread pool's idle worker is stopped, a thread that is not a daemon is waited for, the exit handlers
+    run, all output is flushed, and the code is main's (2 here: one of the two files is bad)."""
     good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
     good.write_text(yaml.safe_dump(config_dict()))
     bad.write_text(yaml.safe_dump(config_dict(rounds=-1)))
