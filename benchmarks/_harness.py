@@ -13,6 +13,8 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,3 +97,19 @@ def ratios(results: dict[str, list[dict]], num: str, den: str, key: str) -> tupl
     """Median of the per-repetition ratios num/den (paired within a repetition), and the ratios themselves."""
     rs = [a[key] / b[key] for a, b in zip(results[num], results[den])]
     return statistics.median(rs), rs
+
+
+class GPUSampler(threading.Thread):
+    """(utilisation %, memory used MB) of GPU 0 from nvidia-smi every 0.2 s until ``stop`` is set."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.samples: list[tuple[float, float]] = []
+        self.stop = threading.Event()
+
+    def run(self):
+        while not self.stop.is_set():
+            out = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits"],
+                                 capture_output=True, text=True, check=False).stdout.split(",")
+            self.samples.append((float(out[0]), float(out[1])))
+            time.sleep(0.2)

@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -29,23 +27,10 @@ import numpy as np
 import ray
 import torch
 
+from benchmarks._harness import GPUSampler
 from benchmarks.device_data import stand_in_cifar10
 from fedsweep.experiment import ExperimentRunner
 from fedsweep.loading import validate
-
-
-class GPUSampler(threading.Thread):
-    def __init__(self):
-        super().__init__(daemon=True)
-        self.samples: list[tuple[float, float]] = []
-        self.stop = threading.Event()
-
-    def run(self):
-        while not self.stop.is_set():
-            out = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits"],
-                                 capture_output=True, text=True, check=False).stdout.split(",")
-            self.samples.append((float(out[0]), float(out[1])))
-            time.sleep(0.2)
 
 
 def run(root: Path, rounds: int, cpus: float, gpus: float, k: int, stacked: bool = False, clients: int = 100,

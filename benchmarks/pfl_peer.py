@@ -83,25 +83,35 @@ def experiment(rounds: int, lr: float | dict, seed: int, layout: str, db: Path, 
 
 
 def export(folder: Path, rounds: int, workload: str) -> None:
-    """The shards (data seed fixed) and, per experiment seed, the initial vector, each round's sampled clients and
-    each sampled client's τ·B minibatch indices, drawn exactly as fedsweep's FedAvg client draws them."""
+    """The shards (data seed fixed) and, per seed of ``SEEDS``, the plan of :func:`export_plan`."""
+    from fedsweep.loading import validate
+
+    export_plan(folder, validate(experiment(rounds, SINGLE[0], 0, "default", folder / "unused.db", workload)), SEEDS)
+
+
+def export_plan(folder: Path, cfg, seeds: list[int]) -> None:
+    """``cfg``'s shards (``shards.npz``), its model (``model.json``: what ``pfl_run.py`` builds) and, per seed, the
+    initial vector, each round's sampled clients and each sampled client's τ·B minibatch indices
+    (``plan_seed{S}.npz``), drawn exactly as fedsweep's FedAvg client draws them."""
     import numpy as np
     import torch
 
     from fedsweep.data import build_federated_dataset
     from fedsweep.federation import _TRAIN, Client, Server, Setup
-    from fedsweep.loading import validate
+    from fedsweep.models import image_shape
 
-    cfg = validate(experiment(rounds, SINGLE[0], 0, "default", folder / "unused.db", workload))
     ds = build_federated_dataset(cfg.data)
     cat = lambda xs: np.concatenate([x.numpy() for x in xs])
     np.savez(folder / "shards.npz",
              x_train=cat(d.x_train for d in ds.clients), y_train=cat(d.y_train for d in ds.clients),
              x_test=cat(d.x_test for d in ds.clients), y_test=cat(d.y_test for d in ds.clients),
-             n_train=np.array([d.num_train for d in ds.clients]),
-             sizes=np.array([ds.num_features, *cfg.model.hidden, ds.num_classes]))
-    hp = cfg.algorithm
-    for seed in SEEDS:
+             n_train=np.array([d.num_train for d in ds.clients]))
+    model = cfg.model.model_dump(mode="json") | {"inputs": ds.num_features, "classes": ds.num_classes}
+    if cfg.model.name == "cnn":
+        model["image"] = list(image_shape(ds.num_features))
+    (folder / "model.json").write_text(json.dumps(model))
+    hp, rounds = cfg.algorithm, cfg.rounds
+    for seed in seeds:
         c = cfg.model_copy(update={"seed": seed})
         server = Server.of(c, ds.num_features, ds.num_classes)
         clients = [Client(i, d, Setup.of(c, ds.num_features, ds.num_classes)) for i, d in enumerate(ds.clients)]

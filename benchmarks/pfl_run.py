@@ -20,9 +20,10 @@ the whole process until then, and the final global model's accuracy on the union
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
+import statistics
 import time
+from pathlib import Path
 
 T0 = time.perf_counter()
 
@@ -31,6 +32,7 @@ import torch
 from pfl.aggregate.simulate import SimulatedBackend
 from pfl.aggregate.weighting import WeightingStrategy
 from pfl.algorithm import FederatedAveraging, NNAlgorithmParams
+from pfl.callback.base import TrainingProcessCallback
 from pfl.callback.central_evaluation import CentralEvaluationCallback
 from pfl.data.dataset import Dataset
 from pfl.data.federated_dataset import FederatedDataset
@@ -41,14 +43,30 @@ from pfl.model.pytorch import PyTorchModel
 IMPORTED = time.perf_counter()
 
 
-class MLP(torch.nn.Sequential):
-    """fedsweep's ``mlp`` (Linear, ReLU, ..., Linear) with the two methods pfl's ``PyTorchModel`` calls."""
+class Model(torch.nn.Sequential):
+    """fedsweep's model of ``model.json`` (``mlp``: Linear, ReLU, ..., Linear; ``cnn``: fedsweep's ``_cnn``, the same
+    layers in the same order, so the exported flat vector fits) with the two methods pfl's ``PyTorchModel`` calls."""
 
-    def __init__(self, sizes: list[int]):
+    def __init__(self, spec: dict):
         layers: list[torch.nn.Module] = []
-        for a, b in itertools.pairwise(sizes[:-1]):
-            layers += [torch.nn.Linear(a, b), torch.nn.ReLU()]
-        super().__init__(*layers, torch.nn.Linear(sizes[-2], sizes[-1]))
+        width = spec["inputs"]
+        if spec["name"] == "cnn":
+            c, side, _ = spec["image"]
+            layers.append(torch.nn.Unflatten(1, (c, side, side)))
+            for i, out in enumerate(spec["channels"]):
+                pool = spec.get("pool", "each") == "each" or i == len(spec["channels"]) - 1
+                layers += [torch.nn.Conv2d(c, out, spec["kernel_size"]), torch.nn.ReLU(), *([torch.nn.MaxPool2d(2)] if pool else [])]
+                side, c = (side - spec["kernel_size"] + 1) // (2 if pool else 1), out
+            layers.append(torch.nn.Flatten())
+            width = c * side * side
+        elif spec["name"] != "mlp" or spec.get("activation", "relu") != "relu":
+            raise SystemExit(f"pfl_run.py builds fedsweep's relu mlp and cnn, not {spec}")
+        if spec.get("norm", "none") != "none":
+            raise SystemExit("pfl_run.py builds models without normalization layers")
+        for h in spec["hidden"]:
+            layers += [torch.nn.Linear(width, h), torch.nn.ReLU()]
+            width = h
+        super().__init__(*layers, torch.nn.Linear(width, spec["classes"]))
 
     def loss(self, x, y, eval=False):
         self.eval() if eval else self.train()
@@ -61,6 +79,19 @@ class MLP(torch.nn.Sequential):
         n = len(y)
         return {"accuracy": Weighted(float((logits.argmax(1) == y).sum()), n),
                 "loss": Weighted(float(torch.nn.functional.cross_entropy(logits, y, reduction="sum")), n)}
+
+
+class Clock(TrainingProcessCallback):
+    """The time at the end of each central iteration (after the callbacks listed before it)."""
+
+    def __init__(self):
+        self.times: list[float] = []
+
+    def after_central_iteration(self, aggregate_metrics, model, *, central_iteration):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        self.times.append(time.perf_counter())
+        return False, Metrics()
 
 
 class WeightByTrainSize(WeightingStrategy):
@@ -88,7 +119,6 @@ def main() -> None:
 
     shards = np.load(f"{args.export}/shards.npz")
     plan = np.load(f"{args.export}/plan_seed{args.seed}.npz")
-    sizes = [int(s) for s in shards["sizes"]]
     offsets = np.concatenate([[0], np.cumsum(shards["n_train"])])
     x_train, y_train = torch.from_numpy(shards["x_train"]), torch.from_numpy(shards["y_train"])
     sampled, batches = plan["sampled"], plan["batches"]  # (R, k), (R, k, τ·B) indices into the client's shard
@@ -105,7 +135,7 @@ def main() -> None:
         idx = torch.from_numpy(batches[t, where[user_id]]) + int(offsets[c])
         return Dataset(raw_data=[x_train[idx], y_train[idx]], user_id=user_id)
 
-    module = MLP(sizes)
+    module = Model(json.loads(Path(f"{args.export}/model.json").read_text()))
     torch.nn.utils.vector_to_parameters(torch.from_numpy(plan["initial"]), module.parameters())
     model = PyTorchModel(model=module, local_optimizer_create=torch.optim.SGD,
                          central_optimizer=torch.optim.SGD(module.parameters(), lr=1.0))
@@ -114,6 +144,7 @@ def main() -> None:
                                postprocessors=[WeightByTrainSize(shards["n_train"])])
     eval_params = NNEvalHyperParams(local_batch_size=None)
 
+    clock = Clock()
     t1 = time.perf_counter()
     FederatedAveraging().run(
         algorithm_params=NNAlgorithmParams(central_num_iterations=args.rounds, evaluation_frequency=args.eval_every,
@@ -122,13 +153,20 @@ def main() -> None:
         model_train_params=NNTrainHyperParams(local_learning_rate=args.local_lr, local_num_epochs=None,
                                               local_num_steps=local_steps, local_batch_size=batch_size),
         model_eval_params=eval_params,
-        callbacks=[CentralEvaluationCallback(test, model_eval_params=eval_params, frequency=args.eval_every)])
+        callbacks=[CentralEvaluationCallback(test, model_eval_params=eval_params, frequency=args.eval_every), clock])
     t2 = time.perf_counter()
     with torch.no_grad():
         module.eval()
-        correct = int((module(test.raw_data[0]).argmax(1) == test.raw_data[1]).sum())
+        x_test, y_test = (t.to(next(module.parameters()).device) for t in test.raw_data)
+        logits = module(x_test)
+        correct = int((logits.argmax(1) == y_test).sum())
+        loss = float(torch.nn.functional.cross_entropy(logits, y_test))
+    steps = [b - a for a, b in zip(clock.times, clock.times[1:])]  # rounds 2.., each its training alone
     print(json.dumps({"import_s": IMPORTED - T0, "run_s": t2 - t1, "process_s": t2 - T0,
-                      "final_global_accuracy": correct / len(test.raw_data[1])}))
+                      "round_s_median": statistics.median(steps) if steps else None,
+                      "device": str(next(module.parameters()).device),
+                      "max_memory_mb": torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else None,
+                      "final_global_accuracy": correct / len(y_test), "final_global_loss": loss}))
 
 
 if __name__ == "__main__":

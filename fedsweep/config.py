@@ -292,6 +292,7 @@ class ExperimentConfig(StrictModel):
 #: (:meth:`ExperimentConfig.setting_key`), so those results keep their keys; any other value is part of it.
 KEY_OMITS_AT_DEFAULT: dict[tuple[str, str], Any] = {
     ("data", "subsample"): 1.0, ("algorithm", "maml_steps"): 1, ("algorithm", "weight_decay"): 0.0, ("algorithm", "clip_norm"): None,
+    ("model", "pool"): "each",
 }
 
 

@@ -226,6 +226,29 @@ def test_image_config_errors_name_the_field():
         validate(config_dict(model={"_replace": True, "name": "cnn"}))
 
 
+def test_a_cnn_pooled_after_its_last_convolution_is_pfl_researchs_simple_cnn_without_dropout():
+    """pfl-research's ``simple_cnn`` (benchmarks/model/pytorch/cnn.py there): 3×3 convolutions of 32 and 64
+    channels, each with ReLU, one 2×2 max-pool, a dense layer of 128, the output; 1,626,442 parameters on CIFAR-10.
+    ``pool: each`` (the default) stays out of a setting's key: the runs made before the field keep theirs."""
+    from fedsweep.models import CNNConfig, build_model, parameter_count
+
+    cfg = CNNConfig(channels=[32, 64], kernel_size=3, hidden=[128], pool="last")
+    model = build_model(cfg, 3 * 32 * 32, 10)
+    shapes = [tuple(p.shape) for p in model.parameters()]
+    assert shapes == [(32, 3, 3, 3), (32,), (64, 32, 3, 3), (64,), (128, 14 * 14 * 64), (128,), (10, 128), (10,)]
+    assert parameter_count(cfg, 3 * 32 * 32, 10) == 1_626_442
+    assert model(torch.zeros(2, 3 * 32 * 32)).shape == (2, 10)
+    assert sum(isinstance(m, torch.nn.MaxPool2d) for m in model) == 1
+    each = build_model(CNNConfig(channels=[32, 64], kernel_size=3, hidden=[128]), 3 * 32 * 32, 10)
+    assert sum(isinstance(m, torch.nn.MaxPool2d) for m in each) == 2 and each[-3].in_features == 6 * 6 * 64
+    base = config_dict(model={"_replace": True, "name": "cnn", "kernel_size": 3}, data={"_replace": True, "dataset": "cifar10"})
+    keys = {pool: validate({**base, "model": {**base["model"], **({"pool": pool} if pool else {})}}).setting_key()
+            for pool in (None, "each", "last")}
+    assert keys[None] == keys["each"] != keys["last"]
+    with pytest.raises(ConfigError, match=r"model\.pool"):
+        validate({**base, "model": {**base["model"], "pool": "middle"}})
+
+
 # ------------------------------------------------------------------ decoded once per node
 
 
