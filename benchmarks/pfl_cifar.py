@@ -27,7 +27,7 @@ Variants, one after another in this run, on ``--device`` (``cuda`` where there i
                          torch thread, as fedsweep's in-process engine computes)
 
 Per variant: seconds a training round (the median over rounds 2..R: no evaluation, no start-up), the whole run,
-peak GPU memory (nvidia-smi's memory.used, and torch's peak allocation) and GPU utilisation (nvidia-smi every
+GPU memory (nvidia-smi's memory.used of the whole card, and torch's peak allocation in the variant's process) and GPU utilisation (nvidia-smi every
 0.2 s), the achieved rate against the round's floating-point operations (the limit: counted from the layers,
 3 × the forward pass for a training step), and the final global accuracy and loss (equal on the CPU up to
 summation order, as on a GPU).
@@ -160,6 +160,8 @@ def main() -> int:
         variants["pfl-research"] = lambda: pfl_variant(args.pfl_python, folder, cfg, args.device)
     results = {}
     for name, run in variants.items():
+        if gpu:
+            torch.cuda.empty_cache()  # nvidia-smi counts the whole card: no blocks kept from the variant before
         sampler = GPUSampler() if gpu else None
         if sampler:
             sampler.start()

@@ -76,6 +76,10 @@ def to_tensors(payload: Payload, device: torch.device) -> State:
     return {k: torch.tensor(v, device=device) for k, v in payload.items()}
 
 
+#: :meth:`Setup.flat_model`'s modules, per (architecture, input size, classes, device), in this process.
+_MODULES: dict[tuple[str, int, int, str], torch.nn.Module] = {}
+
+
 @dataclass(frozen=True)
 class Setup:
     """What a client or the server needs to know of an experiment: the model, the algorithm and the seed."""
@@ -91,8 +95,15 @@ class Setup:
         """From an :class:`~fedsweep.config.ExperimentConfig` and its dataset's shape."""
         return cls(cfg.model, cfg.algorithm, cfg.seed, num_features, num_classes)
 
-    def flat_model(self) -> FlatModel:
-        return FlatModel(build_model(self.model, self.num_features, self.num_classes))
+    def flat_model(self, device: torch.device | str = "cpu") -> FlatModel:
+        """A :class:`FlatModel` of the architecture on ``device``. Its module (the layers it calls with a vector's
+        views) is built once per process, architecture and device, and shared: a FlatModel keeps nothing in it
+        between calls (parameters come from the vector, statistics and mode are the FlatModel's own), and each
+        client's own copy had held parameters it never used (1,000 clients of a 1.6M-parameter CNN: 6.5 GB)."""
+        key = (self.model.model_dump_json(), self.num_features, self.num_classes, str(torch.device(device)))
+        if key not in _MODULES:
+            _MODULES[key] = build_model(self.model, self.num_features, self.num_classes).to(device)
+        return FlatModel(_MODULES[key]).to(device)
 
     def algorithm_on(self, model: FlatModel) -> Algorithm:
         return build_algorithm(self.algorithm, model)
@@ -115,7 +126,7 @@ class Client:
         self.seed = setup.seed
         self.device = torch.device(device)
         self.data = data.to(self.device)
-        self.model = setup.flat_model().to(self.device)
+        self.model = setup.flat_model(self.device)
         self.algorithm = setup.algorithm_on(self.model)
         self.state: State | None = None
         self.times_trained = 0

@@ -1,8 +1,10 @@
-"""Benchmark scripts that need no peer framework, run in CI size so that they cannot rot where no GPU is lent:
-``benchmarks/cifar_gpu.py``'s CPU path (its GPU variants run only where ``torch.cuda`` sees a device)."""
+"""Benchmark scripts run in CI size so that they cannot rot where no GPU is lent: ``benchmarks/cifar_gpu.py``'s CPU
+path (its GPU variants run only where ``torch.cuda`` sees a device), and ``benchmarks/pfl_cifar.py``'s fedsweep
+variants on the CPU (its pfl-research variant needs pfl's environment: ``--pfl-python none`` here)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -30,3 +32,24 @@ def test_the_cifar_gpu_benchmark_runs_its_cpu_variants_in_ci_size():
     ratio = float(re.search(r"stacked / one at a time, rounds per second: ([0-9.]+)", r.stdout).group(1))
     assert ratio == pytest.approx(float(rates["CPU actors, stacked"]) / float(rates["CPU actors, one client at a time"]),
                                   rel=0.05)  # as printed: rates to 3 decimals, the ratio to 2
+
+
+def test_the_pfl_cifar_benchmark_runs_fedsweeps_variants_on_the_cpu_in_ci_size():
+    """pfl-research's CIFAR-10 setting cut to 20 clients (4 a round, 3 rounds) on stand-in files: the export for pfl
+    is written, both fedsweep variants report a round time and the same final scores (3 rounds: equal up to
+    summation order), and a round's operations are those of pfl's simple_cnn: 16,835,200 multiply-adds an image
+    (3×3 convolutions 30·30·32·27 and 28·28·64·288, dense 12,544·128 and 128·10), ×6 for a training step, ×200
+    images (4 clients × 5 steps × batch 10)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_RUN_ID")}
+    r = subprocess.run([sys.executable, "benchmarks/pfl_cifar.py", "--rounds", "3", "--clients", "20", "--cohort", "4",
+                        "--per-class", "10", "--pfl-python", "none", "--device", "cpu"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600, env=env, check=False)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["gflop_round"] == pytest.approx(6 * (30 * 30 * 32 * 27 + 28 * 28 * 64 * 288 + 12544 * 128 + 128 * 10) * 200 / 1e9)
+    one, stacked = out["results"]["fedsweep, one by one"], out["results"]["fedsweep, stacked"]
+    assert (one["stacked"], stacked["stacked"]) == (False, True)
+    assert one["round_s_median"] > 0 and stacked["round_s_median"] > 0
+    assert one["final_global_accuracy"] == stacked["final_global_accuracy"]
+    assert one["final_global_loss"] == pytest.approx(stacked["final_global_loss"], abs=1e-5)
+    assert "pfl-research" not in out["results"] and "stacked: " in r.stdout

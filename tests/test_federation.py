@@ -232,3 +232,30 @@ def test_a_personalized_model_equal_to_the_global_one_is_scored_once_with_the_sa
         assert n_shortcut == len(calls)
         assert both[-1]["personalized_accuracy_mean"] != both[-1]["global_accuracy"] or \
             both[-1]["personalized_loss_mean"] != both[-1]["global_loss"]
+
+
+def test_the_clients_of_a_process_share_one_module_per_architecture_and_keep_their_own_statistics():
+    """Setup.flat_model builds the layers once per process, architecture and device: clients hold no parameters of
+    their own beside their vectors; a batch-norm client's statistics stay its own; the numbers are those of
+    separate modules (a FlatModel of a module built apart)."""
+    from fedsweep.federation import Client, Setup
+
+    cfg = validate(config_dict(data={"num_clients": 3}, model={"name": "mlp", "hidden": [6], "norm": "batch"},
+                               algorithm={"_replace": True, "name": "fedbn", "local_steps": 2, "batch_size": 4}))
+    ds = build_federated_dataset(cfg.data)
+    setup = Setup.of(cfg, ds.num_features, ds.num_classes)
+    clients = [Client(i, d, setup) for i, d in enumerate(ds.clients)]
+    assert len({id(c.model.module) for c in clients}) == 1
+    assert setup.flat_model().module is clients[0].model.module
+    other = Setup.of(validate({**config_dict(data={"num_clients": 3}), "model": {"name": "mlp", "hidden": [7]}}),
+                     ds.num_features, ds.num_classes)
+    assert other.flat_model().module is not clients[0].model.module
+    apart = FlatModel(build_model(cfg.model, ds.num_features, ds.num_classes))
+    w = apart.initial_vector(cfg.seed)
+    assert torch.equal(clients[0].model.initial_vector(cfg.seed), w)
+    x = ds.clients[0].x_train
+    with clients[0].model.train_mode(), apart.train_mode():
+        assert torch.equal(clients[0].model(w, x), apart(w, x))
+    assert torch.equal(clients[0].model.stats, apart.stats)
+    assert not torch.equal(clients[0].model.stats, clients[1].model.stats)  # folded into client 0's alone
+    assert torch.equal(clients[1].model.stats, clients[2].model.stats)
