@@ -182,6 +182,25 @@ def log(args) -> None:
     print(f"logged {len(trials)} trial(s) under run {parent} of experiment {first.tracking.experiment!r} ({uri})")
 
 
+def pace(args) -> None:
+    """Per trial file of two probe folders (``run --rounds``): seconds a round over rounds 2.. (an evaluation of every
+    client in, at the last), whether it stacked, its peak memory, and the largest difference of its last scores."""
+    keys = ["personalized_accuracy_mean", "personalized_loss_mean", "global_accuracy", "global_loss"]
+    for path in sorted(Path(args.a).glob("trial_*.jsonl")):
+        line = []
+        for folder in (args.a, args.b):
+            head, rows, end = read_trial(Path(folder) / path.name)
+            s = (rows[-1]["wall_time_s"] - rows[1]["wall_time_s"]) / (len(rows) - 2)
+            scored = [m for m in rows if keys[0] in m][-1]  # the last evaluated round
+            line.append((head, scored, s, (end or {}).get("max_memory_mb", float("nan"))))
+        same = line[0][1]["round"] == line[1][1]["round"]
+        gap = max(abs(line[0][1][k] - line[1][1][k]) for k in keys if k in line[0][1]) if same else float("nan")
+        print(f"{path.name} {line[0][0]['overrides'].get('algorithm.name')} {line[0][0]['overrides'].get('algorithm.transform', '')}: "
+              + ", ".join(f"{'stacked' if h['vectorize_clients'] else 'one by one'} {s:.4f} s a round, peak {m:.0f} MB"
+                          for h, _, s, m in line)
+              + f"; ratio {line[1][2] / line[0][2]:.2f}; largest difference of the scores at round {line[0][1]['round']}: {gap:.2e}")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="step", required=True)
@@ -197,8 +216,11 @@ def main(argv: list[str] | None = None) -> None:
     lg = sub.add_parser("log")
     lg.add_argument("file")
     lg.add_argument("dir")
+    pc = sub.add_parser("pace")
+    pc.add_argument("a")
+    pc.add_argument("b")
     args = ap.parse_args(argv)
-    run(args) if args.step == "run" else log(args)
+    {"run": run, "log": log, "pace": pace}[args.step](args)
 
 
 if __name__ == "__main__":
