@@ -76,8 +76,8 @@ def to_tensors(payload: Payload, device: torch.device) -> State:
     return {k: torch.tensor(v, device=device) for k, v in payload.items()}
 
 
-#: :meth:`Setup.flat_model`'s modules, per (architecture, input size, classes, device), in this process.
-_MODULES: dict[tuple[str, int, int, str], torch.nn.Module] = {}
+#: :meth:`Setup.flat_model`'s CPU modules, per (architecture, input size, classes), in this process.
+_MODULES: dict[tuple[str, int, int], torch.nn.Module] = {}
 
 
 @dataclass(frozen=True)
@@ -96,14 +96,19 @@ class Setup:
         return cls(cfg.model, cfg.algorithm, cfg.seed, num_features, num_classes)
 
     def flat_model(self, device: torch.device | str = "cpu") -> FlatModel:
-        """A :class:`FlatModel` of the architecture on ``device``. Its module (the layers it calls with a vector's
-        views) is built once per process, architecture and device, and shared: a FlatModel keeps nothing in it
-        between calls (parameters come from the vector, statistics and mode are the FlatModel's own), and each
-        client's own copy had held parameters it never used (1,000 clients of a 1.6M-parameter CNN: 6.5 GB)."""
-        key = (self.model.model_dump_json(), self.num_features, self.num_classes, str(torch.device(device)))
+        """A :class:`FlatModel` of the architecture on ``device``. On the CPU its module (the layers it calls with a
+        vector's views) is built once per process and architecture, and shared: a FlatModel keeps nothing in it
+        between calls (parameters come from the vector, statistics and mode are the FlatModel's own), and a module
+        per client held parameters it never used (300 clients of the PFL CNN: 1.29 -> 0.36 GiB, the same numbers).
+        On a GPU each FlatModel gets its own: shared there, the stacked rounds of pfl-research's CIFAR-10 setting
+        ran 1.6x slower on an H200 (0.43-0.52 s against 0.27-0.28 s, alternating on one machine; cause not found),
+        though sharing saved 6.2 GB of the card there (docs/performance.md, "pfl-research's CIFAR-10 setting")."""
+        if torch.device(device).type != "cpu":
+            return FlatModel(build_model(self.model, self.num_features, self.num_classes)).to(device)
+        key = (self.model.model_dump_json(), self.num_features, self.num_classes)
         if key not in _MODULES:
-            _MODULES[key] = build_model(self.model, self.num_features, self.num_classes).to(device)
-        return FlatModel(_MODULES[key]).to(device)
+            _MODULES[key] = build_model(self.model, self.num_features, self.num_classes)
+        return FlatModel(_MODULES[key])
 
     def algorithm_on(self, model: FlatModel) -> Algorithm:
         return build_algorithm(self.algorithm, model)

@@ -235,8 +235,8 @@ def test_a_personalized_model_equal_to_the_global_one_is_scored_once_with_the_sa
 
 
 def test_the_clients_of_a_process_share_one_module_per_architecture_and_keep_their_own_statistics():
-    """Setup.flat_model builds the layers once per process, architecture and device: clients hold no parameters of
-    their own beside their vectors; a batch-norm client's statistics stay its own; the numbers are those of
+    """On the CPU, Setup.flat_model builds the layers once per process and architecture: clients hold no parameters
+    of their own beside their vectors; a batch-norm client's statistics stay its own; the numbers are those of
     separate modules (a FlatModel of a module built apart)."""
     from fedsweep.federation import Client, Setup
 
