@@ -198,7 +198,7 @@ def pace(args) -> None:
         print(f"{path.name} {line[0][0]['overrides'].get('algorithm.name')} {line[0][0]['overrides'].get('algorithm.transform', '')}: "
               + ", ".join(f"{'stacked' if h['vectorize_clients'] else 'one by one'} {s:.4f} s a round, peak {m:.0f} MB"
                           for h, _, s, m in line)
-              + f"; ratio {line[1][2] / line[0][2]:.2f}; largest difference of the scores at round {line[0][1]['round']}: {gap:.2e}")
+              + f"; ratio {line[1][2] / line[0][2]:.2f}; largest difference of the scores at round {int(line[0][1]['round'])}: {gap:.2e}")
 
 
 def main(argv: list[str] | None = None) -> None:
