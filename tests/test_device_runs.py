@@ -145,3 +145,22 @@ def test_a_time_box_stops_trials_and_they_log_as_stopped_early(tmp_path, monkeyp
     assert json.loads((cut / "trial_0000.jsonl").read_text().splitlines()[0])["cut_to"] == 1
     with pytest.raises(SystemExit, match="cut with --rounds"):
         _log(file, cut, uri, monkeypatch)
+
+
+def test_pace_compares_a_stacked_probe_with_a_one_by_one_probe(tmp_path, capsys):
+    """``pace``: per trial file, the seconds a round of both probes (from their own rows), the ratio, and the largest
+    difference of the last scores both evaluated (3 rounds of PFLDyn-MAML: equal up to summation order)."""
+    file = tmp_path / "device_route.yaml"
+    file.write_text(SWEEP)
+    _run(file, tmp_path / "on", "--rounds", "3", "--trials", "2")
+    _run(file, tmp_path / "off", "--rounds", "3", "--trials", "2", "--no-stack")
+    device_sweep.main(["pace", str(tmp_path / "on"), str(tmp_path / "off")])
+    line = capsys.readouterr().out.strip()
+    pace = {}
+    for folder in ("on", "off"):
+        _, rows, _ = read_trial(tmp_path / folder / "trial_0002.jsonl")
+        pace[folder] = (rows[-1]["wall_time_s"] - rows[1]["wall_time_s"]) / (len(rows) - 2)
+    assert line.startswith("trial_0002.jsonl pfldyn maml: stacked ") and ", one by one " in line
+    assert f"ratio {pace['off'] / pace['on']:.2f};" in line
+    gap = float(line.rsplit("at round 3: ", 1)[1])
+    assert gap < 1e-5
