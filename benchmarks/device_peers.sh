@@ -11,8 +11,11 @@
 #                (one call carries 64 MiB); .whl and .devray in .git/info/exclude
 #   call:        bash benchmarks/device_peers.sh [PART ...]     carry: .whl .devray
 #                PART: pfl (pfl_cifar.py), slices (cifar_gpu.py), proto (the PFL protocol's Proto trials, PFLDyn and
-#                PFLScaf, 10 rounds on stand-in files, stacked and one by one: device_sweep.py); default: pfl slices
-#                $OUT/pfl_cifar.log, $OUT/cifar_gpu.log, $OUT/proto.log, $OUT/gpu.txt (the machine)
+#                PFLScaf, 10 rounds on stand-in files, stacked and one by one: device_sweep.py), ab (fedsweep's
+#                variants of pfl_cifar.py with a module per client, as fedsweep does on a GPU, and with one shared
+#                module, alternating, the second pair profiled: why sharing slowed stacked rounds 1.6x there);
+#                default: pfl slices
+#                $OUT/pfl_cifar.log, $OUT/cifar_gpu.log, $OUT/proto.log, $OUT/ab.log, $OUT/gpu.txt (the machine)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
@@ -38,4 +41,9 @@ proto)
       --out "/tmp/proto_$stack" --workers 1 --trials 4,8 --rounds 10 $([ $stack = off ] && echo --no-stack) 2>&1 | tee -a "$OUT/proto.log"
   done
   python3 benchmarks/device_sweep.py pace /tmp/proto_on /tmp/proto_off 2>&1 | tee -a "$OUT/proto.log" ;;
+ab)
+  for flags in "" --shared-module "--profile" "--profile --shared-module"; do
+    echo "== pfl_cifar.py --rounds 25 --pfl-python none $flags" | tee -a "$OUT/ab.log"
+    timeout 120 python3 benchmarks/pfl_cifar.py --rounds 25 --pfl-python none $flags 2>&1 | tee -a "$OUT/ab.log"
+  done ;;
 esac; done

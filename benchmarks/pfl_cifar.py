@@ -97,7 +97,29 @@ def train_flops(cfg, num_features: int, num_classes: int, samples: int) -> float
     return 3 * 2 * macs * samples
 
 
-def fedsweep_variant(cfg, device: str, stack: bool) -> dict:
+def share_modules() -> None:
+    """``Setup.flat_model`` sharing one module per architecture on every device, as it does on the CPU only: the A/B
+    of docs/performance.md's GPU section (shared there, stacked rounds ran 1.6x slower; cause not found)."""
+    from fedsweep import federation
+    from fedsweep.models import FlatModel, build_model
+
+    shared: dict[tuple, torch.nn.Module] = {}
+
+    def flat_model(self, device="cpu"):
+        key = (self.model.model_dump_json(), self.num_features, self.num_classes, str(torch.device(device)))
+        if key not in shared:
+            shared[key] = build_model(self.model, self.num_features, self.num_classes).to(device)
+        return FlatModel(shared[key]).to(device)
+
+    federation.Setup.flat_model = flat_model
+
+
+def fedsweep_variant(cfg, device: str, stack: bool, profile: bool = False) -> dict:
+    """The run; with ``profile``, rounds 2..R-1 under cProfile and torch.profiler, their top entries printed."""
+    import cProfile
+    import pstats
+    from contextlib import ExitStack
+
     from fedsweep.engine import Engine
     from fedsweep.federation import compute_threads
 
@@ -105,10 +127,20 @@ def fedsweep_variant(cfg, device: str, stack: bool) -> dict:
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
-    with compute_threads():
+    with compute_threads(), ExitStack() as profiling:
         engine = Engine(cfg, device)
         ends, last = [], {}
         for rnd in range(cfg.rounds + 1):
+            if profile and rnd == 2:
+                py = cProfile.Profile()
+                activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+                ops = profiling.enter_context(torch.profiler.profile(activities=activities))
+                py.enable()
+            if profile and rnd == cfg.rounds:
+                py.disable()
+                profiling.close()
+                pstats.Stats(py).sort_stats("tottime").print_stats(20)
+                print(ops.key_averages().table(sort_by="self_cpu_time_total", row_limit=20))
             for m in engine.steps(rnd, rnd, 1):
                 last = m if "global_accuracy" in m else last
             ends.append(time.perf_counter())
@@ -139,6 +171,9 @@ def main() -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--pfl-python", default=str(ROOT.parent / "venv-pfl/bin/python"),
                     help="a python that imports pfl (and torch); 'none': fedsweep's variants only")
+    ap.add_argument("--profile", action="store_true", help="profile fedsweep's rounds 2..R-1 (cProfile, torch.profiler; the round times then include their overhead)")
+    ap.add_argument("--shared-module", action="store_true",
+                    help="every client of a process shares one module on the GPU too (the A/B of the GPU section)")
     ap.add_argument("--peak-tflops", type=float, default=None,
                     help="the device's rate for the fraction printed (e.g. an H200's fp32 67, by its datasheet)")
     args = ap.parse_args()
@@ -154,8 +189,10 @@ def main() -> int:
     print(f"{torch.cuda.get_device_name(0) if gpu else 'CPU'}, {os.cpu_count()} CPUs, torch {torch.__version__}; "
           f"{args.clients} clients, {args.cohort} a round, {cfg.rounds} rounds; {'real' if args.data_dir else 'stand-in'} "
           f"CIFAR-10 files; {flops / 1e9:.1f} GFLOP of training a round", flush=True)
-    variants = {"fedsweep, one by one": lambda: fedsweep_variant(cfg, args.device, False),
-                "fedsweep, stacked": lambda: fedsweep_variant(cfg, args.device, True)}
+    if args.shared_module:
+        share_modules()
+    variants = {"fedsweep, one by one": lambda: fedsweep_variant(cfg, args.device, False, args.profile),
+                "fedsweep, stacked": lambda: fedsweep_variant(cfg, args.device, True, args.profile)}
     if args.pfl_python != "none":
         variants["pfl-research"] = lambda: pfl_variant(args.pfl_python, folder, cfg, args.device)
     results = {}
