@@ -52,6 +52,18 @@ def config_dict(**sections) -> dict:
     return d
 
 
+def assert_runs_equal_run_local(trials, runs, keys=("personalized_accuracy_mean", "global_accuracy", "local_train_loss"),
+                                rel: float = 1e-12, absolute: float = 0.0) -> None:
+    """Every MLflow run's final ``keys`` equal those of its trial's config run in one process (``run_local``), the
+    trial found by the run's ``fedsweep.trial_index`` tag in ``trials``."""
+    from fedsweep.engine import run_local
+
+    for run in runs:
+        reference = run_local(trials[int(run.data.tags["fedsweep.trial_index"])].config)[0][-1]
+        for key in keys:
+            assert run.data.metrics[key] == pytest.approx(reference[key], rel=rel, abs=absolute), (run.info.run_name, key)
+
+
 def stacked(cfg):
     """``cfg`` with all its clients in one block trained as one stacked computation (``vectorize_clients``)."""
     from fedsweep.loading import validate

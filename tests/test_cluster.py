@@ -15,9 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fedsweep.engine import run_local
 from fedsweep.loading import load_sweep
-from tests.conftest import config_dict
+from tests.conftest import assert_runs_equal_run_local, config_dict
 from tests.ray_cluster import RayCluster
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -64,16 +63,6 @@ def placement(path: Path, run) -> list[dict]:
     return json.loads(Path(local).read_text())
 
 
-def assert_equals_in_process(path: Path, runs) -> None:
-    """Every run's final metrics are those of the same config run in one process (which the single-node
-    actor tests show equal to a one-node Ray run)."""
-    trials = load_sweep(path).trials
-    for run in runs:
-        reference = run_local(trials[int(run.data.tags["fedsweep.trial_index"])].config)[0][-1]
-        for key in COMPARED:
-            assert run.data.metrics[key] == pytest.approx(reference[key], rel=1e-9, abs=1e-12), (run.info.run_name, key)
-
-
 def test_a_sweep_places_trials_and_client_actors_over_the_nodes(cluster, tmp_path):
     """Two worker nodes of 4 CPUs. A worker-pool trial (the ServerActor and two ClientActors, 2 CPUs) placed with
     'pack' runs on one node; placed with 'spread' it spans both nodes. Its ClientActors are reached by Ray calls
@@ -98,7 +87,7 @@ def test_a_sweep_places_trials_and_client_actors_over_the_nodes(cluster, tmp_pat
         assert run.data.tags["fedsweep.nodes"] == str(len({r["node_id"] for r in rows}))
     assert runs["pack"].data.tags["fedsweep.nodes"] == "1"
     assert runs["spread"].data.tags["fedsweep.nodes"] == "2"
-    assert_equals_in_process(path, runs.values())
+    assert_runs_equal_run_local(load_sweep(path).trials, runs.values(), COMPARED, rel=1e-9, absolute=1e-12)
 
 
 def test_a_worker_node_lost_mid_trial(cluster, tmp_path):
@@ -160,4 +149,4 @@ def test_a_worker_node_lost_mid_trial(cluster, tmp_path):
 
         steps = [m.step for m in MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_metric_history(r.info.run_id, "uploads")]
         assert steps == list(range(11)), (r.info.run_name, steps)
-    assert_equals_in_process(path, runs)
+    assert_runs_equal_run_local(load_sweep(path).trials, runs, COMPARED, rel=1e-9, absolute=1e-12)

@@ -13,7 +13,7 @@ from fedsweep.cli import main
 from fedsweep.loading import load_sweep
 from fedsweep.sweep import quiet_ignored_exit, run_sweep
 from fedsweep.table import best_settings, ci95, load_runs, to_markdown
-from tests.conftest import config_dict
+from tests.conftest import assert_runs_equal_run_local, config_dict
 
 pytestmark = pytest.mark.ray
 
@@ -92,16 +92,7 @@ def test_trials_of_a_one_process_layout_run_in_their_tune_process_with_the_in_pr
     exp = c.get_experiment_by_name("sweep-test")
     children = [r for r in c.search_runs([exp.experiment_id]) if r.data.tags.get("mlflow.parentRunId")]
     assert all(r.data.tags.get("fedsweep.in_process") == "true" for r in children) and len(children) == 4
-    assert_equals_run_local(sweep, children)
-
-
-def assert_equals_run_local(sweep, runs) -> None:
-    from fedsweep.engine import run_local
-
-    for r in runs:
-        history, _ = run_local(sweep.trials[int(r.data.tags["fedsweep.trial_index"])].config)
-        for name in ("personalized_accuracy_mean", "global_accuracy", "local_train_loss"):
-            assert r.data.metrics[name] == pytest.approx(history[-1][name], rel=1e-12, abs=0), name
+    assert_runs_equal_run_local(sweep.trials, children)
 
 
 def test_trials_on_warm_actors_give_the_numbers_of_fresh_ones(ray_session, tmp_path):
@@ -121,7 +112,7 @@ def test_trials_on_warm_actors_give_the_numbers_of_fresh_ones(ray_session, tmp_p
     children = [r for r in c.search_runs([c.get_experiment_by_name("warm").experiment_id]) if r.data.tags.get("mlflow.parentRunId")]
     assert len(children) == 3 and not any(r.data.tags.get("fedsweep.in_process") for r in children)
     assert sum(r.data.tags.get("fedsweep.warm_actors") == "true" for r in children) == 2
-    assert_equals_run_local(sweep, children)
+    assert_runs_equal_run_local(sweep.trials, children)
 
 
 def test_table_best_setting_with_ci(finished_sweep, tracking_uri):
