@@ -1,4 +1,5 @@
-"""One FedAvg run under Apple's pfl-research simulator, on shards and a plan exported by ``pfl_peer.py``.
+"""One FedAvg run under Apple's pfl-research simulator, on shards and a plan exported by ``pfl_peer.py``
+(``export_plan``; ``pfl_cifar.py`` uses it too).
 
 Runs in pfl's own virtual environment (it imports numpy, torch and pfl only, not fedsweep):
 
@@ -13,8 +14,11 @@ round samples (the user sampler walks the exported plan) and each sampled client
 for that round holds exactly those samples in order, and pfl's local loop takes them as τ batches); each
 update is weighted by the client's number of training samples, as fedsweep's ``aggregation: weighted``.
 
+The model is the export's ``model.json`` (fedsweep's mlp or cnn, built layer for layer as fedsweep builds it).
 Prints one JSON line: seconds spent importing, in ``algorithm.run`` (the rounds and pfl's evaluations) and in
-the whole process until then, and the final global model's accuracy on the union of the test sets.
+the whole process until then, the median time of a round from the second on (pfl's own rounds, no evaluation;
+``benchmarks/pfl_cifar.py`` reads it), the device and its peak memory, and the final global model's accuracy
+and loss on the union of the test sets.
 """
 
 from __future__ import annotations
