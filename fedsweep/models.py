@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -104,6 +105,9 @@ def parameter_count(cfg: ModelConfig, num_features: int, num_classes: int) -> in
     with torch.device("meta"):
         return sum(p.numel() for p in build_model(cfg, num_features, num_classes).parameters())
 
+
+#: :meth:`FlatModel.initial_vector`'s vectors, per (architecture, seed), in this process.
+_INITIAL: dict[tuple[str, int], torch.Tensor] = {}
 
 #: Module types whose parameters form the ``norm`` group of a :class:`ParamLayout` (FedBN keeps them local).
 NORM_LAYERS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.LayerNorm, nn.GroupNorm)
@@ -256,16 +260,25 @@ class FlatModel:
         return self
 
     def initial_vector(self, seed: int) -> torch.Tensor:
-        """The module's default initialisation under ``torch.manual_seed(seed)``, flattened."""
-        gen_state = torch.random.get_rng_state()
-        torch.manual_seed(seed)
-        try:
-            for m in self.module.modules():
-                if hasattr(m, "reset_parameters"):
-                    m.reset_parameters()
-        finally:
-            torch.random.set_rng_state(gen_state)
-        return torch.nn.utils.parameters_to_vector(self.module.parameters()).detach().clone()
+        """The module's default initialisation drawn by the CPU generator seeded with ``seed``, flattened, on the
+        CPU, whatever device the module is on (a CUDA generator draws other numbers from the same seed: clients on
+        a GPU would start from another model than the server). Drawn once per process, architecture and seed on an
+        empty CPU copy of the module (the global generator's state restored after), then copied."""
+        key = (repr(self.module), seed)
+        if key not in _INITIAL:
+            module = copy.deepcopy(self.module).to_empty(device="cpu")
+            state = torch.random.get_rng_state()
+            torch.default_generator.manual_seed(seed)
+            try:
+                for m in module.modules():
+                    if hasattr(m, "reset_parameters"):
+                        m.reset_parameters()
+            finally:
+                torch.random.set_rng_state(state)
+            if len(_INITIAL) >= 8:  # a long-lived process (warm actors) meets a few architectures and seeds
+                _INITIAL.pop(next(iter(_INITIAL)))
+            _INITIAL[key] = torch.nn.utils.parameters_to_vector(module.parameters()).detach()
+        return _INITIAL[key].clone()
 
     def unflatten(self, vector: torch.Tensor) -> dict[str, torch.Tensor]:
         # one split, not a slice per parameter: the gradient flows back as one concatenation, where each slice's

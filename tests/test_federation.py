@@ -259,3 +259,25 @@ def test_the_clients_of_a_process_share_one_module_per_architecture_and_keep_the
     assert torch.equal(clients[0].model.stats, apart.stats)
     assert not torch.equal(clients[0].model.stats, clients[1].model.stats)  # folded into client 0's alone
     assert torch.equal(clients[1].model.stats, clients[2].model.stats)
+
+
+def test_the_initial_vector_is_drawn_on_the_cpu_whatever_the_modules_device():
+    """FlatModel.initial_vector draws with the CPU generator on a CPU copy of the layers: the same vector from a
+    module on another device (here PyTorch's meta device, which holds no values: a module on a GPU takes the same
+    path), where the module's own generator would draw other numbers from the same seed; the global generator's
+    state is left as it was, and the vector is a fresh copy each time."""
+    from fedsweep.models import CNNConfig
+
+    for cfg in (CNNConfig(channels=[2, 3], hidden=[4], kernel_size=3), CNNConfig(channels=[2, 3], hidden=[4], kernel_size=3, norm="batch")):
+        cpu = FlatModel(build_model(cfg, 3 * 12 * 12, 10))
+        meta = FlatModel(build_model(cfg, 3 * 12 * 12, 10).to("meta"))
+        before = torch.random.get_rng_state()
+        w = meta.initial_vector(7)
+        assert w.device.type == "cpu" and torch.equal(w, cpu.initial_vector(7))
+        assert torch.equal(torch.random.get_rng_state(), before)
+        torch.manual_seed(7)  # what the vector is: the module's own initialization under the CPU generator's seed
+        fresh = build_model(cfg, 3 * 12 * 12, 10)
+        assert torch.equal(w, torch.nn.utils.parameters_to_vector(fresh.parameters()))
+        assert not torch.equal(w, cpu.initial_vector(8))
+        w.zero_()
+        assert not torch.equal(w, cpu.initial_vector(7))
