@@ -97,23 +97,6 @@ def train_flops(cfg, num_features: int, num_classes: int, samples: int) -> float
     return 3 * 2 * macs * samples
 
 
-def share_modules() -> None:
-    """``Setup.flat_model`` sharing one module per architecture on every device, as it does on the CPU only: the A/B
-    of docs/performance.md's GPU section (shared there, stacked rounds ran 1.6x slower; cause not found)."""
-    from fedsweep import federation
-    from fedsweep.models import FlatModel, build_model
-
-    shared: dict[tuple, torch.nn.Module] = {}
-
-    def flat_model(self, device="cpu"):
-        key = (self.model.model_dump_json(), self.num_features, self.num_classes, str(torch.device(device)))
-        if key not in shared:
-            shared[key] = build_model(self.model, self.num_features, self.num_classes).to(device)
-        return FlatModel(shared[key]).to(device)
-
-    federation.Setup.flat_model = flat_model
-
-
 def fedsweep_variant(cfg, device: str, stack: bool, profile: bool = False) -> dict:
     """The run; with ``profile``, rounds 2..R-1 under cProfile and torch.profiler, their top entries printed."""
     import cProfile
@@ -189,8 +172,10 @@ def main() -> int:
     print(f"{torch.cuda.get_device_name(0) if gpu else 'CPU'}, {os.cpu_count()} CPUs, torch {torch.__version__}; "
           f"{args.clients} clients, {args.cohort} a round, {cfg.rounds} rounds; {'real' if args.data_dir else 'stand-in'} "
           f"CIFAR-10 files; {flops / 1e9:.1f} GFLOP of training a round", flush=True)
-    if args.shared_module:
-        share_modules()
+    if args.shared_module:  # the A/B of docs/performance.md's GPU section: shared, stacked rounds ran 1.6x slower there
+        from fedsweep.federation import SHARED_MODULE_DEVICES
+
+        SHARED_MODULE_DEVICES.add("cuda")
     variants = {"fedsweep, one by one": lambda: fedsweep_variant(cfg, args.device, False, args.profile),
                 "fedsweep, stacked": lambda: fedsweep_variant(cfg, args.device, True, args.profile)}
     if args.pfl_python != "none":

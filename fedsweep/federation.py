@@ -76,8 +76,11 @@ def to_tensors(payload: Payload, device: torch.device) -> State:
     return {k: torch.tensor(v, device=device) for k, v in payload.items()}
 
 
-#: :meth:`Setup.flat_model`'s CPU modules, per (architecture, input size, classes), in this process.
-_MODULES: dict[tuple[str, int, int], torch.nn.Module] = {}
+#: Device types on which :meth:`Setup.flat_model` shares one module among a process's clients (its docstring says
+#: why the CPU alone; ``benchmarks/pfl_cifar.py --shared-module`` adds ``cuda`` for the A/B).
+SHARED_MODULE_DEVICES = {"cpu"}
+#: :meth:`Setup.flat_model`'s shared modules, per (architecture, input size, classes, device), in this process.
+_MODULES: dict[tuple[str, int, int, str], torch.nn.Module] = {}
 
 
 @dataclass(frozen=True)
@@ -103,11 +106,12 @@ class Setup:
         On a GPU each FlatModel gets its own: shared there, the stacked rounds of pfl-research's CIFAR-10 setting
         ran 1.6x slower on an H200 (0.43-0.52 s against 0.27-0.28 s, alternating on one machine; cause not found),
         though sharing saved 6.2 GB of the card there (docs/performance.md, "pfl-research's CIFAR-10 setting")."""
-        if torch.device(device).type != "cpu":
+        device = torch.device(device)
+        if device.type not in SHARED_MODULE_DEVICES:
             return FlatModel(build_model(self.model, self.num_features, self.num_classes)).to(device)
-        key = (self.model.model_dump_json(), self.num_features, self.num_classes)
+        key = (self.model.model_dump_json(), self.num_features, self.num_classes, str(device))
         if key not in _MODULES:
-            _MODULES[key] = build_model(self.model, self.num_features, self.num_classes)
+            _MODULES[key] = build_model(self.model, self.num_features, self.num_classes).to(device)
         return FlatModel(_MODULES[key])
 
     def algorithm_on(self, model: FlatModel) -> Algorithm:
