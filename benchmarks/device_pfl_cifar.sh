@@ -37,22 +37,14 @@ probe)
     FEDSWEEP_DATA_DIR=/tmp/standin python3 benchmarks/device_sweep.py run sweeps/pfl_acid_cifar10.yaml \
       --out "/tmp/probe_$stack" --workers 1 --trials 2 --rounds 10 $([ $stack = off ] && echo --no-stack)
   done
+  python3 benchmarks/device_sweep.py pace /tmp/probe_on /tmp/probe_off
   python3 - <<'PY'
 import sys
-from pathlib import Path
 sys.path.insert(0, ".")
-from benchmarks.device_sweep import read_trial
-runs = {s: read_trial(Path(f"/tmp/probe_{s}/trial_0002.jsonl")) for s in ("on", "off")}
-pace = {}
-for s, (head, rows, end) in runs.items():
-    pace[s] = (rows[-1]["wall_time_s"] - rows[1]["wall_time_s"]) / (len(rows) - 2)
-    print(f"stack {s}: vectorize_clients={head['vectorize_clients']}, s/round over rounds 2-10 (one evaluation in) "
-          f"{pace[s]:.4f}, max memory {end['max_memory_mb']:.0f} MB")
-a, b = runs["on"][1][-1], runs["off"][1][-1]
-keys = ["personalized_accuracy_mean", "personalized_loss_mean", "global_accuracy", "global_loss"]
-gap = max(abs(a[k] - b[k]) for k in keys)
-print(f"largest difference of {keys} after 10 rounds, stacked vs one by one: {gap:.2e}")
-ok = gap < 0.05 and pace["on"] < pace["off"]
+from benchmarks.device_sweep import paces
+(t,) = paces("/tmp/probe_on", "/tmp/probe_off")
+on, off = (d["s"] for d in t["sides"])
+ok = t["gap"] < 0.05 and on < off
 print("the main run stacks where allowed" if ok else "the main run trains one by one")
 open("/tmp/devdata/stack_ok", "w").write("1" if ok else "0")
 PY

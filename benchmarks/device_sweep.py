@@ -182,23 +182,34 @@ def log(args) -> None:
     print(f"logged {len(trials)} trial(s) under run {parent} of experiment {first.tracking.experiment!r} ({uri})")
 
 
-def pace(args) -> None:
-    """Per trial file of two probe folders (``run --rounds``): seconds a round over rounds 2.. (an evaluation of every
-    client in, at the last), whether it stacked, its peak memory, and the largest difference of its last scores."""
+def paces(a: Path, b: Path) -> list[dict]:
+    """Per trial file of two probe folders (``run --rounds``): the trial, and per folder its head, seconds a round over
+    rounds 2.. (an evaluation of every client in, at the last) and peak memory; the largest difference of the scores
+    of the last round both evaluated (nan where their last evaluated rounds differ) and that round."""
     keys = ["personalized_accuracy_mean", "personalized_loss_mean", "global_accuracy", "global_loss"]
-    for path in sorted(Path(args.a).glob("trial_*.jsonl")):
-        line = []
-        for folder in (args.a, args.b):
+    out = []
+    for path in sorted(Path(a).glob("trial_*.jsonl")):
+        sides = []
+        for folder in (a, b):
             head, rows, end = read_trial(Path(folder) / path.name)
-            s = (rows[-1]["wall_time_s"] - rows[1]["wall_time_s"]) / (len(rows) - 2)
-            scored = [m for m in rows if keys[0] in m][-1]  # the last evaluated round
-            line.append((head, scored, s, (end or {}).get("max_memory_mb", float("nan"))))
-        same = line[0][1]["round"] == line[1][1]["round"]
-        gap = max(abs(line[0][1][k] - line[1][1][k]) for k in keys if k in line[0][1]) if same else float("nan")
-        print(f"{path.name} {line[0][0]['overrides'].get('algorithm.name')} {line[0][0]['overrides'].get('algorithm.transform', '')}: "
-              + ", ".join(f"{'stacked' if h['vectorize_clients'] else 'one by one'} {s:.4f} s a round, peak {m:.0f} MB"
-                          for h, _, s, m in line)
-              + f"; ratio {line[1][2] / line[0][2]:.2f}; largest difference of the scores at round {int(line[0][1]['round'])}: {gap:.2e}")
+            sides.append({"head": head, "scored": [m for m in rows if keys[0] in m][-1],
+                          "s": (rows[-1]["wall_time_s"] - rows[1]["wall_time_s"]) / (len(rows) - 2),
+                          "max_memory_mb": (end or {}).get("max_memory_mb", float("nan"))})
+        x, y = sides[0]["scored"], sides[1]["scored"]
+        gap = max(abs(x[k] - y[k]) for k in keys if k in x) if x["round"] == y["round"] else float("nan")
+        out.append({"trial": path.name, "sides": sides, "gap": gap, "round": int(x["round"])})
+    return out
+
+
+def pace(args) -> None:
+    """:func:`paces`, a line per trial."""
+    for t in paces(args.a, args.b):
+        over = t["sides"][0]["head"]["overrides"]
+        print(f"{t['trial']} {over.get('algorithm.name')} {over.get('algorithm.transform', '')}: "
+              + ", ".join(f"{'stacked' if d['head']['vectorize_clients'] else 'one by one'} {d['s']:.4f} s a round, "
+                          f"peak {d['max_memory_mb']:.0f} MB" for d in t["sides"])
+              + f"; ratio {t['sides'][1]['s'] / t['sides'][0]['s']:.2f}; largest difference of the scores at round "
+                f"{t['round']}: {t['gap']:.2e}")
 
 
 def main(argv: list[str] | None = None) -> None:
