@@ -113,3 +113,11 @@ class GPUSampler(threading.Thread):
                                  capture_output=True, text=True, check=False).stdout.split(",")
             self.samples.append((float(out[0]), float(out[1])))
             time.sleep(0.2)
+
+    def summary(self) -> dict[str, float]:
+        """Mean and largest utilisation (%), largest memory used (MB); {} before any sample."""
+        if not self.samples:
+            return {}
+        busy = [u for u, _ in self.samples]
+        return {"gpu_util_mean": statistics.mean(busy), "gpu_util_max": max(busy),
+                "gpu_memory_used_mb": max(m for _, m in self.samples)}

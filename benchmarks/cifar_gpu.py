@@ -23,7 +23,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np
 import ray
 import torch
 
@@ -63,10 +62,8 @@ def run(root: Path, rounds: int, cpus: float, gpus: float, k: int, stacked: bool
         last = next(rnds)
     finally:
         runner.stop()
-    util = [u for u, _ in sampler.samples] if sampler else []
     return {"rounds_per_s": (rounds - 1) / train_s, "devices": sorted({i["device"] for i in runner.clients_info}),
-            "gpu_util_mean": float(np.mean(util)) if util else None, "gpu_util_max": max(util) if util else None,
-            "gpu_mem_mb": max(m for _, m in sampler.samples) if sampler else None, "final": last}
+            **(sampler.summary() if sampler else {}), "final": last}
 
 
 def main() -> int:
@@ -96,7 +93,7 @@ def main() -> int:
     results = {}
     for name, (cpus, slice_, vectorize) in variants.items():
         r = results[name] = run(root, args.rounds, cpus, slice_, args.clients_per_actor, vectorize, args.clients, args.tau)
-        util = f", GPU utilisation mean {r['gpu_util_mean']:.0f}% max {r['gpu_util_max']:.0f}%, memory {r['gpu_mem_mb']:.0f} MB" if slice_ else ""
+        util = f", GPU utilisation mean {r['gpu_util_mean']:.0f}% max {r['gpu_util_max']:.0f}%, memory {r['gpu_memory_used_mb']:.0f} MB" if slice_ else ""
         print(f"{name} ({cpus} CPU, {slice_} GPU each): {r['rounds_per_s']:.3f} rounds/s, devices {r['devices']}{util}", flush=True)
     one, stacked = (("GPU actors, one client at a time", "GPU actors, stacked") if gpus else
                     ("CPU actors, one client at a time", "CPU actors, stacked"))

@@ -193,10 +193,8 @@ def main() -> int:
             if sampler:
                 sampler.stop.set()
                 sampler.join()
-        if sampler and sampler.samples:
-            busy = [u for u, _ in sampler.samples]
-            r |= {"gpu_util_mean": statistics.mean(busy), "gpu_util_max": max(busy),
-                  "gpu_memory_used_mb": max(m for _, m in sampler.samples)}
+        if sampler:
+            r |= sampler.summary()
         rate = flops / r["round_s_median"] / 1e12 if r.get("round_s_median") else None
         r["tflops"] = rate
         print(f"{name}: {r['round_s_median']:.4f} s a round ({1 / r['round_s_median']:.2f} rounds/s), whole run "
