@@ -148,7 +148,7 @@ class Client:
         """The algorithm state; before the first training, the algorithm's initial one (from the seeded
         initialization every client and the server share)."""
         if self.state is None:
-            self.state = self.algorithm.init_client_state(self.model.initial_vector(self.seed).to(self.device))
+            self.state = self.algorithm.init_client_state(self.model.initial_vector(self.seed, self.device))
         return self.state
 
     def _received(self, payload: Payload) -> tuple[State, torch.Tensor | None]:

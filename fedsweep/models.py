@@ -259,11 +259,11 @@ class FlatModel:
             self.stats = self.stats.to(device)
         return self
 
-    def initial_vector(self, seed: int) -> torch.Tensor:
+    def initial_vector(self, seed: int, device: torch.device | str = "cpu") -> torch.Tensor:
         """The module's default initialisation drawn by the CPU generator seeded with ``seed``, flattened, on the
         CPU, whatever device the module is on (a CUDA generator draws other numbers from the same seed: clients on
         a GPU would start from another model than the server). Drawn once per process, architecture and seed on an
-        empty CPU copy of the module (the global generator's state restored after), then copied."""
+        empty CPU copy of the module (the global generator's state restored after), then copied to ``device``."""
         key = (repr(self.module), seed)
         if key not in _INITIAL:
             module = copy.deepcopy(self.module).to_empty(device="cpu")
@@ -278,7 +278,7 @@ class FlatModel:
             if len(_INITIAL) >= 8:  # a long-lived process (warm actors) meets a few architectures and seeds
                 _INITIAL.pop(next(iter(_INITIAL)))
             _INITIAL[key] = torch.nn.utils.parameters_to_vector(module.parameters()).detach()
-        return _INITIAL[key].clone()
+        return _INITIAL[key].to(device, copy=True)
 
     def unflatten(self, vector: torch.Tensor) -> dict[str, torch.Tensor]:
         # one split, not a slice per parameter: the gradient flows back as one concatenation, where each slice's
