@@ -33,7 +33,7 @@ def bench_file(folder, name: str, partition: dict, **bench) -> str:
         "unseen_fraction": 0.25,  # client 3 never trains: the table's unseen column
         "tracking": {"experiment": "bench-test"},
         "sweep": {"name": name, "search": "random", "num_samples": 3, "seeds": [0], "select_on": "validation",
-                  "max_concurrent_trials": 2, "storage_path": str(folder / "ray_results")},
+                  "max_concurrent_trials": 1, "storage_path": str(folder / "ray_results")},
         "bench": {"methods": "methods.yaml", "common": {"r": 1.0, "tau": 2, "batch_size": 16}, "final_seeds": [1, 2],
                   "budgets": [1], **bench},
     }
