@@ -3,7 +3,9 @@
 The tuning sweep of the methods without a choice yet, then the final sweep of those without final runs, each a
 `fedsweep sweep` (Ray Tune, one MLflow run per trial) nested under the benchmark's MLflow run.
 ``<output>/<name>/bench_state.json`` records what has finished: ``--resume`` skips what finished and resumes an
-interrupted sweep where Tune left it. The benchmark's
+interrupted sweep where Tune left it. Each finished phase's runs are saved beside it (``runs/<sweep run id>.csv``),
+so that the folder alone carries the finished phases to another MLflow store (a new machine, where a long benchmark
+goes on in a later session): a recorded sweep that the store does not hold is read from there. The benchmark's
 files (per budget: ``table_b<N>.md|csv``, ``final_runs_b<N>.csv`` with its ``.tags.json``, ``ranking_b<N>.png``;
 ``accuracy_vs_transmissions.png``; ``compact.md``, the budgets side by side) land in that folder and under ``bench/`` of the benchmark's run.
 """
@@ -28,7 +30,7 @@ from fedsweep.bench import (
     write_state,
 )
 from fedsweep.config import ConfigError, Sweep
-from fedsweep.table import load_runs, save_runs, to_markdown
+from fedsweep.table import load_runs, read_runs, save_runs, to_markdown
 from fedsweep.tracking import PARENT_TAG, TAG_PREFIX, client, ensure_experiment, resolve_tracking_uri
 
 
@@ -64,6 +66,38 @@ def _phase(bench: Bench, sweep: Sweep, resume: bool, parent: str, verbose: int, 
     return out, runs, missing
 
 
+#: The folder, beside bench_state.json, of each finished phase's runs (:func:`_keep`).
+RUNS = "runs"
+
+
+def _in_store(uri: str, run_id: str) -> bool:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client(uri).get_run(run_id)
+        return True
+    except MlflowException:
+        return False
+
+
+def _keep(folder: Path, run_id: str, runs: pd.DataFrame) -> None:
+    """A finished phase's runs (those of sweep ``run_id``) saved as ``fedsweep table --runs-output`` saves them."""
+    (folder / RUNS).mkdir(parents=True, exist_ok=True)
+    save_runs(runs, {}, str(folder / RUNS / f"{run_id}.csv"))
+
+
+def _phase_runs(bench: Bench, uri: str, experiment: str, run_id: str, folder: Path,
+                target: float | None = None) -> pd.DataFrame:
+    """A recorded phase's runs: the store's, or, where the store does not hold that sweep at all (the folder came from
+    another machine), the copy :func:`_keep` saved; neither, none (the phase runs again)."""
+    saved = folder / RUNS / f"{run_id}.csv"
+    if not _in_store(uri, run_id) and saved.exists():
+        print(f"[bench {bench.name}] sweep {run_id}: not in the MLflow store at {uri}; its runs read from {saved}",
+              file=sys.stderr)
+        return read_runs(str(saved))[0]
+    return load_runs(uri, experiment, run_id, target)[0]
+
+
 class Interrupted(Exception):
     """A phase's sweep returned interrupted, or with more runs missing than trials failed: trials never ran, so it
     was stopped (Ctrl-C; Tune saves its state and returns without an error). The benchmark stops there, every later cell unstarted; ``--resume`` goes on."""
@@ -78,9 +112,13 @@ def run_bench(bench: Bench, output: str | Path, resume: bool = False, verbose: i
         raise ConfigError([(f"{folder}: a run of benchmark '{bench.name}' is there already; allowed: --resume to go on "
                             "with it, or another --output")])
     first = next(iter(bench.tunes.values())).trials[0].config
-    experiment = first.tracking.experiment
+    experiment, target = first.tracking.experiment, next(iter(bench.tunes.values())).settings.target_accuracy
     uri = resolve_tracking_uri(first.tracking.tracking_uri)
     c = client(uri)
+    if "run_id" in state and not _in_store(uri, state["run_id"]):  # the folder came from another store: a run here
+        print(f"[bench {bench.name}] its MLflow run {state['run_id']} is not in the store at {uri}: a new one there",
+              file=sys.stderr)
+        state["previous_run_ids"] = [*state.get("previous_run_ids", []), state.pop("run_id")]
     if "run_id" not in state:
         state["run_id"] = c.create_run(ensure_experiment(uri, experiment), run_name=bench.name, tags={
             f"{TAG_PREFIX}bench": "true", f"{TAG_PREFIX}source_file": bench.path}).info.run_id
@@ -94,7 +132,7 @@ def run_bench(bench: Bench, output: str | Path, resume: bool = False, verbose: i
             methods[key] = {}
         methods.setdefault(key, {})["settings"] = drawn
         _check_seeds(bench, key, methods[key], folder)
-    _choose_again(bench, methods, uri, experiment)
+    _choose_again(bench, methods, uri, experiment, folder)
     write_state(folder, state)
     failed = 0
     if pending := [k for k in bench.tunes if "chosen" not in methods[k]]:
@@ -113,6 +151,7 @@ def run_bench(bench: Bench, output: str | Path, resume: bool = False, verbose: i
             mine = runs[method == key]
             methods[key].update(tune_run=out["parent_run_id"], chosen={str(b): s for b, s in chosen.items()},
                                 tried=int(mine["setting"].nunique()), tuning_wall_s=float(mine["wall_time_s"].sum()))
+        _keep(folder, out["parent_run_id"], runs)
         write_state(folder, state)
     if pending := [k for k in bench.tunes if "final_run" not in methods[k] and any(methods[k]["chosen"].values())]:
         sections = {s: bench.section(k, s) for k in pending for s in methods[k]["chosen"].values() if s is not None}
@@ -129,6 +168,7 @@ def run_bench(bench: Bench, output: str | Path, resume: bool = False, verbose: i
         else:
             for key in pending:
                 methods[key]["final_run"] = out["parent_run_id"]
+            _keep(folder, out["parent_run_id"], load_runs(uri, experiment, out["parent_run_id"], target)[0])
             write_state(folder, state)
     for key in bench.tunes:
         if not any(methods[key].get("chosen", {}).values()):
@@ -154,13 +194,13 @@ def _check_seeds(bench: Bench, key: str, entry: dict[str, Any], folder: Path) ->
     entry["seeds"] = seeds
 
 
-def _choose_again(bench: Bench, methods: dict[str, dict[str, Any]], uri: str, experiment: str) -> None:
+def _choose_again(bench: Bench, methods: dict[str, dict[str, Any]], uri: str, experiment: str, folder: Path) -> None:
     """Each recorded phase checked against its runs, and each recorded choice made again. A method whose tuning
     or final runs are not all there (a run deleted; an interrupted trial's run, which fedsweep before 2026-11-26
     marked stopped_early) runs that phase again. Where the selection rule (``bench.choose``) now chooses otherwise than
     recorded, the new choice is recorded and that method's final runs run again."""
     for run_id, keys in _by_run(bench, methods, "tune_run").items():
-        runs, _ = load_runs(uri, experiment, run_id)
+        runs = _phase_runs(bench, uri, experiment, run_id, folder)
         complete = []
         for key in keys:
             if _incomplete(bench, key, "tuning", runs, list(bench.sections[key]), bench.sweep_section["seeds"]):
@@ -175,7 +215,7 @@ def _choose_again(bench: Bench, methods: dict[str, dict[str, Any]], uri: str, ex
                 methods[key]["chosen"] = now
                 methods[key].pop("final_run", None)
     for run_id, keys in _by_run(bench, methods, "final_run").items():
-        runs, _ = load_runs(uri, experiment, run_id)
+        runs = _phase_runs(bench, uri, experiment, run_id, folder)
         for key in keys:
             chosen = sorted({s for s in methods[key]["chosen"].values() if s is not None})
             if _incomplete(bench, key, "final", runs, chosen, bench.settings.final_seeds):
@@ -211,7 +251,7 @@ def write_tables(bench: Bench, state: dict[str, Any], uri: str, folder: Path) ->
         # a method's final runs from its own final sweep: an earlier final sweep may hold the same setting's runs
         # (a method whose choice changed, rerun in a later sweep, kept a setting it had)
         mine = {s for e in done.values() if e["final_run"] == run for s in e["chosen"].values()}
-        runs = load_runs(uri, experiment, run, settings.target_accuracy)[0]
+        runs = _phase_runs(bench, uri, experiment, run, folder, settings.target_accuracy)
         frames.append(runs[runs["setting"].isin(mine)])
     final = pd.concat(frames or [pd.DataFrame()], ignore_index=True)
     chosen = {k: {int(b): s for b, s in e["chosen"].items()} for k, e in done.items()}

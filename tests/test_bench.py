@@ -49,7 +49,7 @@ def files(tmp_path):
                       bench_file(tmp_path, "dirichlet", {"name": "dirichlet", "concentration": 0.5}))
 
 
-def test_a_two_method_benchmark_tunes_equally_selects_on_validation_and_merges(ray_session, tracking_uri, files):
+def test_a_two_method_benchmark_tunes_equally_selects_on_validation_and_merges(ray_session, tracking_uri, files, monkeypatch):
     folder, a, b = files
     out = folder / "results"
     assert main(["bench", a, b, "--output", str(out), "--quiet"]) == 0
@@ -142,7 +142,7 @@ def test_a_two_method_benchmark_tunes_equally_selects_on_validation_and_merges(r
     marked = [runs.loc[runs["algorithm"] == key, "run_id"].iloc[0] for runs, key in ((tuned, "local"), (finals, "fedavg"))]
     for run_id in marked:
         c.set_tag(run_id, "fedsweep.outcome", "stopped_early")
-    _choose_again(load_bench(a), methods, tracking_uri, "bench-test")
+    _choose_again(load_bench(a), methods, tracking_uri, "bench-test", out / "skew")
     assert not {"chosen", "tune_run", "final_run"} & set(methods["local"])
     assert "final_run" not in methods["fedavg"] and methods["fedavg"]["chosen"] == state["methods"]["fedavg"]["chosen"]
     for run_id in marked:
@@ -172,6 +172,21 @@ def test_a_two_method_benchmark_tunes_equally_selects_on_validation_and_merges(r
     assert again["final_run"] != state["methods"]["local"]["final_run"]
     rerun, _ = load_runs(tracking_uri, "bench-test", again["final_run"])
     assert missing_runs(rerun, sorted(set(again["chosen"].values())), [1, 2]) == 0
+
+    # the folder carries its finished phases to another store (a new machine, a later session): --resume there runs
+    # no trial, writes the same tables from the runs saved beside the state, and gives the benchmark a run there
+    assert sorted(p.stem for p in (out / "dirichlet" / "runs").glob("*.csv")) == sorted(
+        {e[phase] for e in json.loads((out / "dirichlet" / "bench_state.json").read_text())["methods"].values()
+         for phase in ("tune_run", "final_run")})
+    tables = {p.name: p.read_text() for p in (out / "dirichlet").glob("table_b*.*")}
+    other = f"sqlite:///{folder / 'other.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", other)
+    assert main(["bench", b, "--output", str(out), "--quiet", "--resume"]) == 0
+    assert {p.name: p.read_text() for p in (out / "dirichlet").glob("table_b*.*")} == tables
+    there = MlflowClient(other).search_runs([MlflowClient(other).get_experiment_by_name("bench-test").experiment_id])
+    assert [r.data.tags.get("fedsweep.bench") for r in there] == ["true"]  # the benchmark's own run, no trial
+    state = json.loads((out / "dirichlet" / "bench_state.json").read_text())
+    assert state["run_id"] == there[0].info.run_id and len(state["previous_run_ids"]) == 1
 
 
 def test_a_change_of_seeds_reruns_the_phases_it_touches_and_a_table_names_every_method_it_leaves_out(files, capsys):
