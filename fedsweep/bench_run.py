@@ -111,8 +111,9 @@ def run_bench(bench: Bench, output: str | Path, resume: bool = False, verbose: i
     if state and not resume:
         raise ConfigError([(f"{folder}: a run of benchmark '{bench.name}' is there already; allowed: --resume to go on "
                             "with it, or another --output")])
-    first = next(iter(bench.tunes.values())).trials[0].config
-    experiment, target = first.tracking.experiment, next(iter(bench.tunes.values())).settings.target_accuracy
+    tune = next(iter(bench.tunes.values()))
+    first = tune.trials[0].config
+    experiment, target = first.tracking.experiment, tune.settings.target_accuracy
     uri = resolve_tracking_uri(first.tracking.tracking_uri)
     c = client(uri)
     if "run_id" in state and not _in_store(uri, state["run_id"]):  # the folder came from another store: a run here
