@@ -50,18 +50,18 @@ def _run(sweep: Sweep, resume: bool, parent: str, verbose: int) -> dict[str, Any
 
 
 def _phase(bench: Bench, sweep: Sweep, resume: bool, parent: str, verbose: int, uri: str, experiment: str,
-           settings: list[str], seeds: list[int]) -> tuple[dict[str, Any], pd.DataFrame, int]:
+           settings: list[str], seeds: list[int], target: float | None = None) -> tuple[dict[str, Any], pd.DataFrame, int]:
     """A phase's sweep run (:func:`_run`), its runs and how many of those it owes are missing. A restored Tune
     experiment that Tune had finished runs nothing, even where MLflow lacks runs (deleted, or taken for missing by
     :func:`_choose_again`): then the phase runs again from the start, once."""
     out = _run(sweep, resume, parent, verbose)
-    runs, _ = load_runs(uri, experiment, out["parent_run_id"])
+    runs, _ = load_runs(uri, experiment, out["parent_run_id"], target)
     missing = missing_runs(runs, settings, seeds)
     if out["restored"] and not out["interrupted"] and missing > out["errors"]:
         print(f"[bench {bench.name}] {sweep.settings.name}: Tune's saved sweep had ended with {missing} run(s) missing in "
               "MLflow; it runs again from the start", file=sys.stderr)
         out = _run(sweep, False, parent, verbose)
-        runs, _ = load_runs(uri, experiment, out["parent_run_id"])
+        runs, _ = load_runs(uri, experiment, out["parent_run_id"], target)
         missing = missing_runs(runs, settings, seeds)
     return out, runs, missing
 
@@ -158,8 +158,8 @@ def run_bench(bench: Bench, output: str | Path, resume: bool = False, verbose: i
         sections = {s: bench.section(k, s) for k in pending for s in methods[k]["chosen"].values() if s is not None}
         sweep = bench.final_sweep(list(sections.values()))
         print(f"[bench {bench.name}] final runs of {len(pending)} method(s): {sweep.describe()}", flush=True)
-        out, _, missing = _phase(bench, sweep, resume, state["run_id"], verbose, uri, experiment, list(sections),
-                                 bench.settings.final_seeds)
+        out, runs, missing = _phase(bench, sweep, resume, state["run_id"], verbose, uri, experiment, list(sections),
+                                    bench.settings.final_seeds, target)
         if out["interrupted"] or missing > out["errors"]:  # more runs missing than trials failed: the sweep was stopped
             raise Interrupted(f"[bench {bench.name}] the final sweep stopped with {missing} run(s) missing")
         if out["errors"] or missing:
@@ -169,7 +169,7 @@ def run_bench(bench: Bench, output: str | Path, resume: bool = False, verbose: i
         else:
             for key in pending:
                 methods[key]["final_run"] = out["parent_run_id"]
-            _keep(folder, out["parent_run_id"], load_runs(uri, experiment, out["parent_run_id"], target)[0])
+            _keep(folder, out["parent_run_id"], runs)
             write_state(folder, state)
     for key in bench.tunes:
         if not any(methods[key].get("chosen", {}).values()):
