@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from fedsweep.evaluation import VAL
-from fedsweep.tracking import LEAK_TAG, PARENT_TAG, STOPPED_EARLY, TAG_PREFIX, client
+from fedsweep.tracking import CODE_TAG, LEAK_TAG, PARENT_TAG, PLATFORM_TAG, STOPPED_EARLY, TAG_PREFIX, client
 
 #: Final-round metrics reported for the best setting, beside the one ranked by.
 REPORTED = ("personalized_accuracy_mean", "global_accuracy", "personalized_accuracy_worst", "personalized_accuracy_best")
@@ -106,6 +106,8 @@ def load_runs(
                 "setting_label": tags.get(f"{TAG_PREFIX}setting_label", ""),
                 "seed": int(tags.get(f"{TAG_PREFIX}seed", 0)),
                 "outcome": outcome,
+                "platform": tags.get(PLATFORM_TAG, ""),  # where its numbers were computed, and by which code
+                "code": tags.get(CODE_TAG, ""),
                 # the order the sweep ran its trials in (a budget counts the first settings tried)
                 "trial": (int(tags[f"{TAG_PREFIX}trial_index"]) if f"{TAG_PREFIX}trial_index" in tags else math.inf,
                           r.info.start_time),
@@ -123,7 +125,7 @@ def load_runs(
 
 
 #: Columns of :func:`load_runs` that hold text (besides the ``param:`` ones); every other is a number.
-TEXT_COLUMNS = ("run_id", "algorithm", "setting", "setting_label", "outcome")
+TEXT_COLUMNS = ("run_id", "algorithm", "setting", "setting_label", "outcome", "platform", "code")
 
 
 def save_runs(runs: pd.DataFrame, sweep_tags: dict, path: str) -> None:

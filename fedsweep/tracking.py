@@ -7,6 +7,7 @@ fluent "active run" (a stray ``MLFLOW_RUN_ID`` would otherwise re-parent them).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
@@ -30,6 +31,55 @@ STOPPED_EARLY = "stopped_early"
 _FLUSH_AT = 900
 # Keys of a round's metrics that are not logged as MLflow metrics.
 _NOT_METRICS = {"round", "diverged"}
+
+
+#: The tag naming the platform a run's arithmetic ran on, and the one naming fedsweep's code (see :func:`run_platform`).
+PLATFORM_TAG = f"{TAG_PREFIX}platform"
+CODE_TAG = f"{TAG_PREFIX}code"
+
+
+@functools.lru_cache(maxsize=None)
+def run_platform() -> str:
+    """What a run's numbers depend on besides its config and seed: torch's build and the vector instructions its CPU
+    kernels dispatch to (``ATEN_CPU_CAPABILITY``), the CPU's model, the GPU's when one is visible. The same config
+    and seed give the same numbers bit for bit on one platform; on another the float sums round differently in
+    their last digits (``ATEN_CPU_CAPABILITY=default`` against ``avx2`` moves FedAvg's global loss in the 8th digit
+    within 20 rounds), which over hundreds of rounds can flip a prediction (docs/reproduction.md). Read in the
+    process that logs the run: on one node, where its clients trained."""
+    import platform as host
+
+    import torch
+
+    cpu = next((line.split(":", 1)[1].strip() for line in _read("/proc/cpuinfo").splitlines()
+                if line.startswith("model name")), host.processor() or "unknown CPU")
+    gpu = f", {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""
+    return (f"torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()}), {cpu} ({host.machine()}){gpu}, "
+            f"Python {host.python_version()}")
+
+
+@functools.lru_cache(maxsize=None)
+def code_version() -> str:
+    """fedsweep's commit when it runs from a git checkout (``+changes`` when files of the package differ from it),
+    else its version."""
+    import subprocess
+
+    import fedsweep
+
+    root = Path(fedsweep.__file__).resolve().parent.parent
+    if (root / ".git").exists():
+        git = lambda *args: subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30)
+        head = git("rev-parse", "--short=12", "HEAD")
+        if head.returncode == 0:
+            changed = git("status", "--porcelain", "--untracked-files=no", "--", "fedsweep").stdout.strip()
+            return head.stdout.strip() + ("+changes" if changed else "")
+    return fedsweep.__version__
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
 
 
 def resolve_tracking_uri(configured: str | None = None) -> str:
@@ -157,6 +207,8 @@ class RunLogger:
             f"{TAG_PREFIX}setting": cfg.setting_key(),
             f"{TAG_PREFIX}setting_label": setting_label(overrides or {}),
             f"{TAG_PREFIX}seed": str(cfg.seed),
+            PLATFORM_TAG: run_platform(),
+            CODE_TAG: code_version(),
             **({LEAK_TAG: f"{cfg.algorithm.evaluation} (leaks test data)"} if cfg.algorithm.leaks_test_data else {}),
             **({f"{TAG_PREFIX}provenance": provenance} if (provenance := ALGORITHMS[cfg.algorithm.name].provenance) else {}),
             **(tags or {}),

@@ -115,3 +115,38 @@ def test_a_new_sqlite_store_is_a_copy_of_the_empty_one_and_equals_what_mlflow_cr
     client(f"sqlite:///{ours}")  # exists: untouched
     assert ours.read_bytes() == before
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_a_run_names_the_platform_and_the_code_its_numbers_came_from(tmp_path):
+    """Every trial run carries the torch build, vector instruction set and CPU it computed on, and fedsweep's
+    commit (+changes when the package's files differ from it): a number that moves between two runs of one
+    config and seed can be put down to the platform or to the code (docs/reproduction.md); the runs behind a
+    table keep both, in the store and in the saved CSV."""
+    import subprocess
+    from pathlib import Path
+
+    import torch
+
+    import fedsweep
+    from fedsweep.engine import run_local
+    from fedsweep.loading import validate
+    from fedsweep.table import load_runs, read_runs, save_runs
+    from fedsweep.tracking import CODE_TAG, PLATFORM_TAG, RunLogger, client, code_version, ensure_experiment
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = validate({"data": {"dataset": "synthetic", "num_clients": 2, "max_samples_per_client": 60}, "model": {"name": "mlr"},
+                    "algorithm": {"name": "fedavg", "local_steps": 1}, "rounds": 1})
+    log = RunLogger(uri, ensure_experiment(uri, "platform"), cfg, "platform")
+    for metrics in run_local(cfg)[0]:
+        log.log_round(metrics)
+    log.finish(None)
+    tags = client(uri).get_run(log.run_id).data.tags
+    assert f"torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()})" in tags[PLATFORM_TAG]
+    root = Path(fedsweep.__file__).resolve().parent.parent
+    head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True)
+    assert tags[CODE_TAG] == code_version()
+    assert tags[CODE_TAG].startswith(head.stdout.strip()) if (root / ".git").exists() else tags[CODE_TAG] == fedsweep.__version__
+    runs, sweep = load_runs(uri, "platform")
+    assert list(runs[["platform", "code"]].iloc[0]) == [tags[PLATFORM_TAG], tags[CODE_TAG]]
+    save_runs(runs, sweep, str(tmp_path / "runs.csv"))
+    assert list(read_runs(str(tmp_path / "runs.csv"))[0][["platform", "code"]].iloc[0]) == [tags[PLATFORM_TAG], tags[CODE_TAG]]
