@@ -8,7 +8,10 @@
 # MLflow's job execution (a job runner and seven huey consumers, each a process with MLflow loaded, about 250 MB
 # each, for its GenAI jobs and trace rollups) is off unless MLFLOW_SERVER_ENABLE_JOB_EXECUTION=true: fedsweep runs
 # no MLflow job; without them the server holds 8 fewer processes and answers /health sooner (docs/performance.md, section 9).
+# MLflow's usage telemetry (its server and UI fetch a config from its makers' site, and report usage) is off unless
+# MLFLOW_DISABLE_TELEMETRY=false, as in every fedsweep process (README, "MLflow").
 set -euo pipefail
+export MLFLOW_DISABLE_TELEMETRY="${MLFLOW_DISABLE_TELEMETRY:-true}"
 export MLFLOW_SERVER_ENABLE_JOB_EXECUTION="${MLFLOW_SERVER_ENABLE_JOB_EXECUTION:-false}"
 HOST="${MLFLOW_HOST:-127.0.0.1}"
 PORT="${MLFLOW_PORT:-5000}"

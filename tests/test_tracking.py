@@ -150,3 +150,28 @@ def test_a_run_names_the_platform_and_the_code_its_numbers_came_from(tmp_path):
     assert list(runs[["platform", "code"]].iloc[0]) == [tags[PLATFORM_TAG], tags[CODE_TAG]]
     save_runs(runs, sweep, str(tmp_path / "runs.csv"))
     assert list(read_runs(str(tmp_path / "runs.csv"))[0][["platform", "code"]].iloc[0]) == [tags[PLATFORM_TAG], tags[CODE_TAG]]
+
+
+def test_mlflow_telemetry_is_off_in_a_fedsweep_process_unless_the_user_turned_it_on(tmp_path):
+    """MLflow 3 starts a telemetry client at import (a config fetched from its makers' site, usage sent at exit);
+    importing fedsweep first turns it off, and a user's own setting wins. Run in a clean environment: MLflow
+    itself stays silent under pytest or a CI variable, which would hide the default this guards against."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import fedsweep
+
+    probe = ("import os, sys; [__import__(m) for m in sys.argv[1:]]; from mlflow.telemetry.client import get_telemetry_client;"
+             "print(get_telemetry_client() is None, os.environ.get('MLFLOW_DISABLE_TELEMETRY'))")
+    root = str(Path(fedsweep.__file__).resolve().parent.parent)
+
+    def telemetry_off(*modules, **env) -> str:
+        clean = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": root, **env}
+        return subprocess.run([sys.executable, "-c", probe, *modules], env=clean, capture_output=True, text=True,
+                              check=True, timeout=120).stdout.strip()
+
+    assert telemetry_off("mlflow") == "False None"  # MLflow's own default, which this test would otherwise not see
+    assert telemetry_off("fedsweep", "mlflow") == "True true"
+    assert telemetry_off("fedsweep", "mlflow", MLFLOW_DISABLE_TELEMETRY="false") == "False false"
+    assert "MLFLOW_DISABLE_TELEMETRY=\"${MLFLOW_DISABLE_TELEMETRY:-true}\"" in (Path(root) / "infra" / "mlflow_server.sh").read_text()
