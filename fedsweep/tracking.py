@@ -38,7 +38,7 @@ PLATFORM_TAG = f"{TAG_PREFIX}platform"
 CODE_TAG = f"{TAG_PREFIX}code"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def run_platform() -> str:
     """What a run's numbers depend on besides its config and seed: torch's build and the vector instructions its CPU
     kernels dispatch to (``ATEN_CPU_CAPABILITY``), the CPU's model, the GPU's when one is visible. The same config
@@ -57,7 +57,7 @@ def run_platform() -> str:
             f"Python {host.python_version()}")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def code_version() -> str:
     """fedsweep's commit when it runs from a git checkout (``+changes`` when files of the package differ from it),
     else its version."""
@@ -67,7 +67,7 @@ def code_version() -> str:
 
     root = Path(fedsweep.__file__).resolve().parent.parent
     if (root / ".git").exists():
-        git = lambda *args: subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30)
+        git = lambda *args: subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30, check=False)
         head = git("rev-parse", "--short=12", "HEAD")
         if head.returncode == 0:
             changed = git("status", "--porcelain", "--untracked-files=no", "--", "fedsweep").stdout.strip()
