@@ -219,8 +219,8 @@ def test_algorithms_lists_parameters_with_aliases(tmp_path):
 
 @pytest.mark.slow
 def test_ui_serves_the_store_without_mlflow_job_processes(tmp_path):
-    """`fedsweep ui`: MLflow's UI on 127.0.0.1 for the store; MLflow's job execution (a job runner and seven huey
-    consumers, each with MLflow loaded) stays off, as fedsweep runs no MLflow job."""
+    """`fedsweep ui`: MLflow's UI on 127.0.0.1 for the store, one worker process (MLflow's default is 4); MLflow's job
+    execution (a job runner and seven huey consumers, each with MLflow loaded) stays off, as fedsweep runs no MLflow job."""
     import signal
 
     import psutil
@@ -231,6 +231,7 @@ def test_ui_serves_the_store_without_mlflow_job_processes(tmp_path):
     port = free_port()
     env = _env()
     env.pop("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", None)
+    env.pop("MLFLOW_WORKERS", None)
     ui = subprocess.Popen([sys.executable, "-m", "fedsweep.cli", "ui", "--port", str(port), "--tracking-uri",
                            f"sqlite:///{tmp_path / 'mlflow.db'}"], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
                           stderr=subprocess.DEVNULL, start_new_session=True)
@@ -239,6 +240,8 @@ def test_ui_serves_the_store_without_mlflow_job_processes(tmp_path):
         session = [p.cmdline() for p in psutil.process_iter() if os.getsid(p.pid) == ui.pid]
         assert any("mlflow" in " ".join(c) for c in session)
         assert not [c for c in session if "huey" in " ".join(c) or "_job_runner" in " ".join(c)], session
+        [ui_cmd] = [c for c in session if c[1:4] == ["-m", "mlflow", "ui"]]
+        assert ui_cmd[-2:] == ["--workers", "1"]  # one analyst: one worker process
     finally:
         os.killpg(ui.pid, signal.SIGTERM)
         ui.wait(timeout=60)
