@@ -50,8 +50,12 @@ def run_platform() -> str:
 
     import torch
 
-    cpu = next((line.split(":", 1)[1].strip() for line in _read("/proc/cpuinfo").splitlines()
-                if line.startswith("model name")), host.processor() or "unknown CPU")
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:  # not Linux
+        cpuinfo = ""
+    cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")),
+               host.processor() or "unknown CPU")
     gpu = f", {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""
     return (f"torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()}), {cpu} ({host.machine()}){gpu}, "
             f"Python {host.python_version()}")
@@ -73,13 +77,6 @@ def code_version() -> str:
             changed = git("status", "--porcelain", "--untracked-files=no", "--", "fedsweep").stdout.strip()
             return head.stdout.strip() + ("+changes" if changed else "")
     return fedsweep.__version__
-
-
-def _read(path: str) -> str:
-    try:
-        return Path(path).read_text()
-    except OSError:
-        return ""
 
 
 def resolve_tracking_uri(configured: str | None = None) -> str:
