@@ -79,11 +79,15 @@ def main() -> int:
     if not args.data_dir:
         stand_in_cifar10(root, args.per_class)
     gpus = torch.cuda.device_count()
-    ray.init(num_cpus=os.cpu_count(), num_gpus=gpus, include_dashboard=False, log_to_driver=False)
+    if os.environ.get("RAY_ADDRESS"):  # a running instance (the tests' own): its CPUs, this machine's GPUs
+        ray.init(log_to_driver=False)
+    else:
+        ray.init(num_cpus=os.cpu_count(), num_gpus=gpus, include_dashboard=False, log_to_driver=False)
+    cpus = int(ray.cluster_resources()["CPU"])
     actors = -(-args.clients // args.clients_per_actor)
-    print(f"{torch.cuda.get_device_name(0) if gpus else 'no GPU'}, {os.cpu_count()} CPUs; {args.clients} clients in {actors} "
+    print(f"{torch.cuda.get_device_name(0) if gpus else 'no GPU'}, {cpus} CPUs; {args.clients} clients in {actors} "
           f"actors; {'real' if args.data_dir else 'stand-in'} CIFAR-10 files", flush=True)
-    cpu_share = round((os.cpu_count() - 1) / actors, 2)
+    cpu_share = round((cpus - 1) / actors, 2)
     variants = {"CPU actors, one client at a time": (cpu_share, 0.0, False)}
     if gpus:
         variants |= {"GPU actors, one client at a time": (1.0, round(1.0 / actors, 3), False),
