@@ -23,7 +23,9 @@ def pytest_sessionfinish(session, exitstatus):
     if _OWN_CACHE:
         shutil.rmtree(_OWN_CACHE, ignore_errors=True)
 
-# A small but complete experiment (digits, 3 clients); tests override fields of a deep copy.
+# A small but complete experiment (digits, 3 clients); tests override fields of a deep copy. No per-trial plot
+# (tracking.log_plot, on by default): drawing it cost a trial process 1.2 s (matplotlib's import) and each trial
+# 0.3 s, most of a small trial's CPU; the tests that check the plot turn it on (test_sweep, test_mlflow_ui).
 BASE = {
     "name": "test",
     "seed": 0,
@@ -33,7 +35,7 @@ BASE = {
     "rounds": 4,
     "eval_every": 2,
     "resources": {"server_cpus": 0.2, "client_cpus": 0.1},
-    "tracking": {"experiment": "tests"},
+    "tracking": {"experiment": "tests", "log_plot": False},
 }
 
 

@@ -31,7 +31,7 @@ def bench_file(folder, name: str, partition: dict, **bench) -> str:
         "rounds": 2,
         "eval_every": 1,
         "unseen_fraction": 0.25,  # client 3 never trains: the table's unseen column
-        "tracking": {"experiment": "bench-test"},
+        "tracking": {"experiment": "bench-test", "log_plot": False},  # as tests/conftest.py's BASE
         "sweep": {"name": name, "search": "random", "num_samples": 3, "seeds": [0], "select_on": "validation",
                   "max_concurrent_trials": 1, "storage_path": str(folder / "ray_results")},
         "bench": {"methods": "methods.yaml", "common": {"r": 1.0, "tau": 2, "batch_size": 16}, "final_seeds": [1, 2],

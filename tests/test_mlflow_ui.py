@@ -32,7 +32,7 @@ def logged_sweep(ray_session, mlflow_server, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ui-sweep")
     body = config_dict(
         algorithm={"local_lr": {"grid": [0.1, 0.05]}}, rounds=ROUNDS, eval_every=1,
-        tracking={"experiment": "ui-test", "tracking_uri": url}, resources=None,
+        tracking={"experiment": "ui-test", "tracking_uri": url, "log_plot": True}, resources=None,
     )
     body["sweep"] = {"name": "ui", "max_concurrent_trials": 2, "seeds": [0, 1], "storage_path": str(tmp / "ray_results")}
     (tmp / "ui.yaml").write_text(yaml.safe_dump(body))

@@ -31,7 +31,7 @@ def finished_sweep(ray_session, tracking_uri, tmp_path_factory):
         algorithm={"local_lr": {"grid": [0.1, 0.02]}, "participation_rate": 0.6},
         rounds=3,
         eval_every=2,
-        tracking={"experiment": "sweep-test", "tracking_uri": tracking_uri},
+        tracking={"experiment": "sweep-test", "tracking_uri": tracking_uri, "log_plot": True},
         resources=None,
     )
     body["sweep"] = {"name": "t", "max_concurrent_trials": 2, "seeds": [0, 1], "storage_path": str(tmp_path / "ray_results")}
