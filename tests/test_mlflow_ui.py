@@ -115,11 +115,15 @@ def test_ui_shows_experiment_runs_and_a_metric_chart(logged_sweep, browser, tmp_
     wait = waiter(browser, tmp_path)
 
     browser.get(f"{url}/#/experiments/{exp.experiment_id}/runs")
-    wait(lambda d: f"{len(runs)} matching runs" in body(d), f"'{len(runs)} matching runs'")
-    text = body(browser)
+    # the count can show before the table's rows (a loaded machine, 2026-11-27): both are waited for
+    def listed(d):
+        text = body(d)
+        return text if f"{len(runs)} matching runs" in text and "ui" in text.splitlines() else None
+
+    text = wait(listed, f"'{len(runs)} matching runs' and the sweep's parent run 'ui'")
     browser.save_screenshot(str(tmp_path / "runs.png"))
     assert "ui-test" in text and "Training runs" in text  # the experiment and its runs table
-    assert "ui" in text.splitlines()  # the sweep's parent run, its trials nested under it
+    # (the sweep's parent run 'ui' is a row of its own, its trials nested under it)
 
     browser.get(f"{url}/#/experiments/{exp.experiment_id}/runs/{child.info.run_id}/model-metrics")
     chart = ("//*[normalize-space(text())='global_accuracy']/ancestor::*[.//*[contains(@class,'js-plotly-plot')]][1]"
