@@ -181,3 +181,16 @@ def test_the_hf_delta_ablation_is_the_protocol_s_hf_rows_with_the_difference_div
     for doc in (first, second):
         doc.pop("algorithm"), doc.pop("name"), doc["tracking"].pop("experiment"), doc["sweep"].pop("name")
     assert second == first
+
+
+def test_the_adapt_on_test_batch_file_is_the_synthetic_protocol_s_per_fedavg_rows_scored_on_test_batches():
+    """sweeps/perfedavg_adapt_on_test_batch_synthetic.yaml says: everything as in the Synthetic protocol except
+    the evaluation — its trained models are the protocol's Per-FedAvg trials, so the difference is the scoring."""
+    protocol = yaml.safe_load((ROOT / "sweeps" / "pfedme_table1_synthetic.yaml").read_text())
+    variant = yaml.safe_load((ROOT / "sweeps" / "perfedavg_adapt_on_test_batch_synthetic.yaml").read_text())
+    rows = [entry for entry in protocol.pop("algorithm")["grid"] if entry["name"] == "perfedavg"]
+    assert len(rows) == 2 and [entry.pop("evaluation") for entry in variant["algorithm"]["grid"]] == ["adapt_on_test_batch"] * 2
+    assert variant.pop("algorithm")["grid"] == rows
+    for doc in (protocol, variant):
+        doc.pop("name"), doc["tracking"].pop("experiment"), doc["sweep"].pop("name")
+    assert variant == protocol
