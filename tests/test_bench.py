@@ -17,6 +17,7 @@ from fedsweep.bench import BENCH_METRICS, choose, compact_markdown, load_bench, 
 from fedsweep.cli import main
 from fedsweep.config import ConfigError
 from fedsweep.table import load_runs
+from tests.conftest import BASE
 
 METHODS = {"methods": {
     "fedavg": {"name": "fedavg", "local_lr": {"loguniform": [0.02, 0.5]}},
@@ -31,7 +32,7 @@ def bench_file(folder, name: str, partition: dict, **bench) -> str:
         "rounds": 2,
         "eval_every": 1,
         "unseen_fraction": 0.25,  # client 3 never trains: the table's unseen column
-        "tracking": {"experiment": "bench-test", "log_plot": False},  # as tests/conftest.py's BASE
+        "tracking": {**BASE["tracking"], "experiment": "bench-test"},
         "sweep": {"name": name, "search": "random", "num_samples": 3, "seeds": [0], "select_on": "validation",
                   "max_concurrent_trials": 1, "storage_path": str(folder / "ray_results")},
         "bench": {"methods": "methods.yaml", "common": {"r": 1.0, "tau": 2, "batch_size": 16}, "final_seeds": [1, 2],

@@ -101,8 +101,9 @@ def run_references(sweep_file: str, *uris: str) -> None:
     """Trial ``i`` of the sweep, uninterrupted, in this process into ``uris[i]``; with one local step a round instead
     of the trials' 250: which metrics a round logs, and at which steps (what the test compares), does not depend on
     τ, and the trials' 250 steps cost as much CPU as the sweep itself (2 × 57 s on a slow day)."""
+    trials = load_sweep(sweep_file).trials
     for index, uri in enumerate(uris):
-        cfg = load_sweep(sweep_file).trials[index].config
+        cfg = trials[index].config
         cfg = validate({**cfg.model_dump(), "algorithm": {**cfg.algorithm.model_dump(), "local_steps": 1}})
         logger = RunLogger(uri, ensure_experiment(uri, "reference"), cfg, run_name=f"trial {index}")
         execute(cfg, logger, runner=InProcessRunner(cfg))

@@ -18,7 +18,7 @@ from fedsweep.evaluation import VAL
 from fedsweep.loading import load_sweep, validate
 from fedsweep.table import best_settings, load_runs, to_markdown
 from fedsweep.tracking import TAG_PREFIX, client, ensure_experiment
-from tests.conftest import config_dict
+from tests.conftest import BASE, config_dict
 
 SYNTHETIC = {"dataset": "synthetic", "num_clients": 8, "max_samples_per_client": 80}
 
@@ -115,7 +115,7 @@ def test_a_real_sweep_where_validation_and_test_pick_different_settings(ray_sess
         "algorithm": {"name": "fedavg", "participation_rate": 0.5, "local_steps": 5, "batch_size": 10,
                       "local_lr": {"grid": [0.1, 0.3]}},
         "resources": {"server_cpus": 0.2, "client_cpus": 0.3, "client_workers": 1},
-        "tracking": {"experiment": "fair", "tracking_uri": uri, "log_plot": False},  # as tests/conftest.py's BASE
+        "tracking": {**BASE["tracking"], "experiment": "fair", "tracking_uri": uri},
         "sweep": {"name": "fair", "seeds": [0, 1], "max_concurrent_trials": 2, "select_on": "validation",
                   "storage_path": str(tmp_path / "ray_results")},
     }
@@ -143,7 +143,7 @@ def _search_body(tmp_path, name: str, algorithm: dict, sweep: dict, rounds: int)
         "data": {**SYNTHETIC}, "model": {"name": "mlr"}, "rounds": rounds, "eval_every": 2,
         "algorithm": {"name": "fedavg", "participation_rate": 0.5, "local_steps": 5, "batch_size": 10, **algorithm},
         "resources": {"server_cpus": 0.2, "client_cpus": 0.3, "client_workers": 1},
-        "tracking": {"experiment": name, "tracking_uri": uri, "log_plot": False},
+        "tracking": {**BASE["tracking"], "experiment": name, "tracking_uri": uri},
         "sweep": {"name": name, "max_concurrent_trials": 2, "storage_path": str(tmp_path / "ray_results"), **sweep},
     }
 
