@@ -11,7 +11,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from fedsweep.checks import check_fits, local_cpus, raise_problems
 from fedsweep.config import ExperimentConfig, ResourcesConfig
-from fedsweep.tracking import TAG_PREFIX, RunLogger
+from fedsweep.tracking import STOPPED_EARLY, TAG_PREFIX, RunLogger
 
 
 def connect_ray(resources: ResourcesConfig) -> None:
@@ -285,18 +285,18 @@ def execute(
     except SystemExit:
         # Tune stopped the trial: its training thread exits at the report after the decision. A scheduler
         # also stops a trial that reported its last round: that run is complete. One stopped before its last
-        # round ends KILLED: a scheduler's decision and an interrupted sweep (Ctrl-C) look the same from here,
-        # and the sweep's driver, which knows which it was, marks the scheduler's FINISHED and stopped_early
-        # (fedsweep.stopping); --resume reruns an interrupted one.
+        # round was either stopped by the scheduler, which tagged its run when it decided (FINISHED,
+        # stopped_early), or interrupted (Ctrl-C: KILLED, and --resume reruns it); fedsweep.stopping.
         if logger and not finished:
             complete = bool(history) and int(history[-1]["round"]) >= cfg.rounds
             diverged = bool(history and history[-1].get("diverged"))
+            stopped = not (complete or diverged) and logger.stopped_by_scheduler()
             try:
                 clients = runner.client_table() if complete else None
             except Exception:  # noqa: BLE001 - the trial's actors may already be going; the run ends regardless
                 clients = None
-            logger.finish(clients, "FAILED" if diverged else ("FINISHED" if complete else "KILLED"),
-                          "diverged" if diverged else None)
+            logger.finish(clients, "FAILED" if diverged else ("FINISHED" if complete or stopped else "KILLED"),
+                          "diverged" if diverged else (STOPPED_EARLY if stopped else None))
         raise
     except BaseException:
         if logger and not finished:

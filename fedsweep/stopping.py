@@ -1,11 +1,14 @@
 """How a sweep's trials ended: to its last round, stopped early by the scheduler, or interrupted (Ctrl-C).
 
-A trial's own thread cannot tell the last two apart: Tune stops it the same way (``SystemExit`` at its next
-report), and the thread ends its MLflow run KILLED (:func:`fedsweep.experiment.execute`). The scheduler knows
+Tune stops a trial the same way in the last two cases (``SystemExit`` at its next report). The scheduler knows
 when it decides: :class:`MarkingASHA` tags the run then (``fedsweep.stopped_after_round``), in MLflow, so the
-mark outlives the driver. At the sweep's end :func:`mark_stopped_early` turns each tagged run FINISHED with
-outcome ``stopped_early`` (counted, never a best setting); a run stopped without the tag was interrupted, and
-``--resume`` reruns it (:func:`fedsweep.sweep._earlier_attempts` deletes it, or its checkpoint goes on).
+mark outlives the driver, and before the trial's thread sees the stop. That thread ends a tagged run FINISHED with
+outcome ``stopped_early`` (counted, never a best setting) and any other KILLED (:func:`fedsweep.experiment.execute`).
+At the sweep's end :func:`mark_stopped_early` does the same for each tagged run whose thread did not (its process
+ended first, or the tag came later: an outage). Tune returns from a stopped trial without waiting for its thread,
+so both may write; both write the same ending (a KILLED written after the driver's mark failed CI on 2026-11-27).
+A run stopped without the tag was interrupted, and ``--resume`` reruns it (:func:`fedsweep.sweep._earlier_attempts`
+deletes it, or its checkpoint goes on).
 """
 
 from __future__ import annotations
@@ -15,10 +18,7 @@ from collections.abc import Callable
 
 from ray.tune.schedulers import ASHAScheduler
 
-from fedsweep.tracking import STOPPED_EARLY, TAG_PREFIX, client
-
-#: The tag of a run whose trial the scheduler stopped before its last round: that round.
-STOPPED_AFTER = f"{TAG_PREFIX}stopped_after_round"
+from fedsweep.tracking import STOPPED_AFTER, STOPPED_EARLY, TAG_PREFIX, client
 
 
 def sweep_runs(mlflow, tracking: dict[str, str], also: str = ""):

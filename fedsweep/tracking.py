@@ -27,6 +27,8 @@ PARENT_TAG = "mlflow.parentRunId"
 LEAK_TAG = f"{TAG_PREFIX}evaluation"
 #: ``fedsweep.outcome`` of a run that a scheduler stopped before its last round (FINISHED, never a best setting).
 STOPPED_EARLY = "stopped_early"
+#: The tag of such a run, set by the scheduler when it decides (:class:`fedsweep.stopping.MarkingASHA`): the round.
+STOPPED_AFTER = f"{TAG_PREFIX}stopped_after_round"
 #: Metrics held before a write even without an evaluation round (a long evaluation interval).
 _FLUSH_AT = 900
 # Keys of a round's metrics that are not logged as MLflow metrics.
@@ -258,6 +260,14 @@ class RunLogger:
         self.writer.put(self.pending)
         self.pending, self._pending_count = [], 0
         return self.writer.wait(until_written=False)
+
+    def stopped_by_scheduler(self) -> bool:
+        """Whether a scheduler tagged this run stopped before its last round (False while the server does not answer:
+        the sweep's driver marks it at the sweep's end, :func:`fedsweep.stopping.mark_stopped_early`)."""
+        try:
+            return STOPPED_AFTER in self.client.get_run(self.run_id).data.tags
+        except Exception:  # noqa: BLE001 - an outage: the driver's mark stays
+            return False
 
     def finish(self, client_rows: list[dict] | None, status: str = "FINISHED", outcome: str | None = None,
                placement: list[dict] | None = None) -> None:

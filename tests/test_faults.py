@@ -54,10 +54,10 @@ def fault_at_round(fault_round: int, fault) -> tuple:
     return on_round, hit
 
 
-def run(tracking_uri, on_round, **resources):
+def run(tracking_uri, on_round, local_steps=1500, **resources):
     cfg = ExperimentConfig.model_validate(config_dict(
         # enough local work that a round lasts seconds, so the fault lands inside it
-        algorithm={"name": "scaffold", "local_lr": 0.05, "local_steps": 1500, "batch_size": 32, "participation_rate": 1.0},
+        algorithm={"name": "scaffold", "local_lr": 0.05, "local_steps": local_steps, "batch_size": 32, "participation_rate": 1.0},
         rounds=ROUNDS, eval_every=1, resources={"client_max_restarts": 1, **resources},
         tracking={"experiment": "faults"},
     ))
@@ -116,15 +116,17 @@ def test_a_set_up_sent_while_the_actor_restarts_waits_for_it(ray_session):
 
 
 def test_straggler_past_the_round_timeout_is_left_out(ray_session, tracking_uri):
-    """A round's training call takes about 0.6 s here on a quiet machine. The timeout is 8 s: a 3 s timeout
-    dropped a second, merely slow, client in CI on 2026-11-25 (two test workers on two cores)."""
+    """A round's training call (500 local steps) takes about 0.2 s here on a quiet machine; the timeout is 20 s, 100
+    times that. Ray runs its workers at nice 15, so in the suite they wait behind the test workers' own computing:
+    a 3 s timeout dropped a second, merely slow, client in CI on 2026-11-25, and 8 s with 1500 steps (0.6 s quiet)
+    dropped all three on 2026-11-27."""
     def freeze(p: psutil.Process):
         p.send_signal(signal.SIGSTOP)
-        time.sleep(12)  # longer than the round timeout
+        time.sleep(24)  # longer than the round timeout
         p.send_signal(signal.SIGCONT)
 
     on_round, frozen = fault_at_round(2, freeze)
-    history, run_id = run(tracking_uri, on_round, round_timeout_s=8.0)
+    history, run_id = run(tracking_uri, on_round, local_steps=500, round_timeout_s=20.0)
 
     assert frozen and psutil.pid_exists(frozen[0])  # frozen, not killed: the same process goes on
     dropped = metric(tracking_uri, run_id, "clients_dropped")

@@ -175,3 +175,33 @@ def test_mlflow_telemetry_is_off_in_a_fedsweep_process_unless_the_user_turned_it
     assert telemetry_off("fedsweep", "mlflow") == "True true"
     assert telemetry_off("fedsweep", "mlflow", MLFLOW_DISABLE_TELEMETRY="false") == "False false"
     assert "MLFLOW_DISABLE_TELEMETRY=\"${MLFLOW_DISABLE_TELEMETRY:-true}\"" in (Path(root) / "infra" / "mlflow_server.sh").read_text()
+
+
+def test_a_thread_stopped_after_the_schedulers_tag_ends_its_run_finished_stopped_early(tracking_uri):
+    """Tune returns from a trial ASHA stopped without waiting for its thread, so the thread's ending and the driver's
+    mark (fedsweep.stopping.mark_stopped_early) may come in either order: both write the same one. CI of 2026-11-27
+    saw a stopped trial's thread write KILLED after the driver's FINISHED. Without the tag a stop is an interruption."""
+    import pytest
+
+    from fedsweep.experiment import InProcessRunner, execute
+    from fedsweep.loading import validate
+    from fedsweep.tracking import STOPPED_AFTER, STOPPED_EARLY, RunLogger, client, ensure_experiment
+
+    cfg = validate({"data": {"dataset": "synthetic", "num_clients": 4, "max_samples_per_client": 60}, "model": {"name": "mlr"},
+                    "algorithm": {"name": "fedavg", "participation_rate": 0.5, "local_steps": 2}, "rounds": 6, "eval_every": 2,
+                    "tracking": {"log_plot": False}})
+    c = client(tracking_uri)
+    for tagged, ending in ((True, ("FINISHED", STOPPED_EARLY)), (False, ("KILLED", "killed"))):
+        log = RunLogger(tracking_uri, ensure_experiment(tracking_uri, "stops"), cfg, "stopped")
+
+        def on_round(metrics, log=log, tagged=tagged):
+            if metrics["round"] == 2:  # the scheduler's decision, then Tune's stop at the trial's report
+                if tagged:
+                    c.set_tag(log.run_id, STOPPED_AFTER, "2")
+                raise SystemExit(1)
+
+        with pytest.raises(SystemExit):
+            execute(cfg, log, on_round, runner=InProcessRunner(cfg))
+        run = c.get_run(log.run_id)
+        assert (run.info.status, run.data.tags["fedsweep.outcome"]) == ending
+        assert max(m.step for m in c.get_metric_history(log.run_id, "uploads")) == 2  # rounds after the stop: none
