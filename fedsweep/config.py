@@ -184,7 +184,10 @@ class TrackingConfig(StrictModel):
         None, description="MLflow tracking URI; null = $MLFLOW_TRACKING_URI or sqlite:///mlflow.db in the working directory."
     )
     log_client_table: bool = True
-    log_plot: bool = True
+    log_plot: bool = Field(
+        True, description="Figures: each run's accuracy-vs-round plot, and the sweep report's figures (its tables are "
+        "logged either way; `fedsweep report` draws them later)."
+    )
     outage_limit_s: float = Field(
         600, gt=0, allow_inf_nan=False,
         description="Seconds a trial goes on training while the tracking server does not take its metrics (held "

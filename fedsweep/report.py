@@ -213,7 +213,9 @@ def clients_figure(c, best: dict[str, pd.DataFrame]) -> bytes | None:
 def build_report(
     uri: str, experiment: str, sweep_run_id: str | None = None, metric: str | None = None, mode: str | None = None,
     group_by: list[str] | tuple = (), target_accuracy: float | None = None, select_on: str | None = None,
+    figures: bool = True,
 ) -> Report:
+    """The sweep's table of best settings and, with ``figures``, its figures (a sweep's ``tracking.log_plot``)."""
     runs, sweep_tags = load_runs(uri, experiment, sweep_run_id, target_accuracy)
     metric = metric or sweep_tags.get("fedsweep.metric", "personalized_accuracy_mean")
     mode = mode or sweep_tags.get("fedsweep.mode", "max")
@@ -221,15 +223,16 @@ def build_report(
     report = Report(table, to_markdown(table))
     if table.empty:
         return report
-    c = client(uri)
-    finished = runs[runs["outcome"] == "finished"]
-    best = _best_runs(finished, table)
-    report.figures["comparison.png"] = comparison_figure(c, best, metric, target_accuracy)
-    for algorithm, group in finished.groupby("algorithm", sort=True):
-        if (png := sensitivity_figure(algorithm, group, table.attrs["ranked_by"])) is not None:
-            report.figures[f"sensitivity_{algorithm.split(' ')[0]}.png"] = png
-    if (png := clients_figure(c, best)) is not None:
-        report.figures["clients.png"] = png
+    if figures:
+        c = client(uri)
+        finished = runs[runs["outcome"] == "finished"]
+        best = _best_runs(finished, table)
+        report.figures["comparison.png"] = comparison_figure(c, best, metric, target_accuracy)
+        for algorithm, group in finished.groupby("algorithm", sort=True):
+            if (png := sensitivity_figure(algorithm, group, table.attrs["ranked_by"])) is not None:
+                report.figures[f"sensitivity_{algorithm.split(' ')[0]}.png"] = png
+        if (png := clients_figure(c, best)) is not None:
+            report.figures["clients.png"] = png
     for _, row in table.iterrows():
         name = re.sub(r"[^A-Za-z0-9_.-]+", "_", row["algorithm"]).strip("_")  # what MLflow allows in a metric name
         report.summary[f"best/{name}/{metric}"] = float(row[f"{metric} mean"])

@@ -220,14 +220,15 @@ def _duration(seconds: float) -> str:
     return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m{s:02d}s"
 
 
-def _log_report(uri: str, experiment: str, parent: str, settings) -> None:
-    """The sweep's report on its parent run (:mod:`fedsweep.report`); a failure to draw it is said, and
-    loses nothing the trials logged."""
+def _log_report(uri: str, first: ExperimentConfig, parent: str, settings) -> None:
+    """The sweep's report on its parent run (:mod:`fedsweep.report`; figures unless ``tracking.log_plot`` is off);
+    a failure to draw it is said, and loses nothing the trials logged."""
     from fedsweep.report import build_report, log_report
 
+    experiment = first.tracking.experiment
     try:
         report = build_report(uri, experiment, parent, settings.metric, settings.mode, settings.table_group_by,
-                              settings.target_accuracy, settings.select_on)
+                              settings.target_accuracy, settings.select_on, first.tracking.log_plot)
         log_report(uri, parent, report)
     except Exception as e:  # noqa: BLE001 - the trials' runs are what matters; the report can be rebuilt
         print(f"warning: the sweep report was not logged ({type(e).__name__}: {e}); rebuild it with "
@@ -410,7 +411,7 @@ def run_sweep(sweep: Sweep, verbose: int = 1, resume: bool = False, tags: dict[s
             end_interrupted(tracking)
         errors = sum(1 for r in results if r.error is not None)
         status = "KILLED" if cut else "FINISHED" if errors == 0 else "FAILED"
-        _log_report(uri, first.tracking.experiment, parent, settings)
+        _log_report(uri, first, parent, settings)
     finally:
         mlflow.set_terminated(parent, status)
     return {"parent_run_id": parent, "results": results, "errors": errors, "interrupted": cut, "tracking_uri": uri,

@@ -32,7 +32,7 @@ def sweep_run(ray_session, tmp_path_factory):
             {"name": "ditto", "local_lr": 0.1, "alpha": {"grid": [0.05, 0.2]}, "lambda": {"grid": [0.1, 1.0]},
              "local_steps": 3, "batch_size": 16},
         ]},
-        rounds=3, eval_every=1, tracking={"experiment": "report-test", "tracking_uri": uri}, resources=None,
+        rounds=3, eval_every=1, tracking={"experiment": "report-test", "tracking_uri": uri, "log_plot": True}, resources=None,
     )
     body["sweep"] = {"name": "rep", "max_concurrent_trials": 2, "seeds": [0, 1], "target_accuracy": 0.3,
                      "storage_path": str(tmp / "ray_results")}

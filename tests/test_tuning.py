@@ -225,6 +225,9 @@ def test_asha_stops_bad_settings_early_and_the_table_never_picks_one(ray_session
     # the Tune scheduler saw the same thing: the stopped trials' last results are before round 16
     parent = next(r for r in c.search_runs([exp]) if r.data.tags.get(f"{TAG_PREFIX}sweep") == "true")
     assert json.loads(parent.data.tags[f"{TAG_PREFIX}scheduler"]) == {"asha": {"grace_rounds": 2, "reduction_factor": 2.0}}
+    # tracking.log_plot off (the tests' default): the sweep report's tables, none of its figures
+    assert sorted(a.path for a in c.list_artifacts(parent.info.run_id, "report")) == [
+        "report/table.csv", "report/table.md", "report/table.parquet"]
 
 
 def test_a_scheduler_that_could_stop_nothing_is_refused(tmp_path):
