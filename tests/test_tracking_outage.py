@@ -119,7 +119,7 @@ def test_a_sweep_trains_through_an_outage_and_logs_every_round_once(mlflow_serve
         mlflow_server.start()
     url = mlflow_server.url
     rounds = 100
-    body = config_dict(algorithm={"local_steps": 250}, rounds=rounds, eval_every=4, resources=None,
+    body = config_dict(algorithm={"local_steps": 100}, rounds=rounds, eval_every=4, resources=None,
                        tracking={"experiment": "outage", "tracking_uri": url})
     body["sweep"] = {"name": "outage", "max_concurrent_trials": 2, "seeds": [0, 1], "checkpoint_every": 4,
                      "storage_path": str(tmp_path / "ray_results")}
