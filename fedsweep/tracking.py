@@ -263,7 +263,10 @@ class RunLogger:
 
     def stopped_by_scheduler(self) -> bool:
         """Whether a scheduler tagged this run stopped before its last round (False while the server does not answer:
-        the sweep's driver marks it at the sweep's end, :func:`fedsweep.stopping.mark_stopped_early`)."""
+        the sweep's driver marks it at the sweep's end, :func:`fedsweep.stopping.mark_stopped_early`). Not asked
+        during an outage the writer has seen: MLflow's client would retry the read for minutes."""
+        if self.writer.outage_since is not None or self.writer.gave_up:
+            return False
         try:
             return STOPPED_AFTER in self.client.get_run(self.run_id).data.tags
         except Exception:  # noqa: BLE001 - an outage: the driver's mark stays
