@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from fedsweep.tracking import resolve_tracking_uri, setting_label
 
 
@@ -181,8 +183,6 @@ def test_a_thread_stopped_after_the_schedulers_tag_ends_its_run_finished_stopped
     """Tune returns from a trial ASHA stopped without waiting for its thread, so the thread's ending and the driver's
     mark (fedsweep.stopping.mark_stopped_early) may come in either order: both write the same one. CI of 2026-11-27
     saw a stopped trial's thread write KILLED after the driver's FINISHED. Without the tag a stop is an interruption."""
-    import pytest
-
     from fedsweep.experiment import InProcessRunner, execute
     from fedsweep.loading import validate
     from fedsweep.tracking import STOPPED_AFTER, STOPPED_EARLY, RunLogger, client, ensure_experiment

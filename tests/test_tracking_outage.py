@@ -99,8 +99,8 @@ def test_an_outage_past_the_limit_fails_the_trial_and_its_retry_loses_nothing(ml
 
 def run_references(sweep_file: str, *uris: str) -> None:
     """Trial ``i`` of the sweep, uninterrupted, in this process into ``uris[i]``; with one local step a round instead
-    of the trials' 250: which metrics a round logs, and at which steps (what the test compares), does not depend on
-    τ, and the trials' 250 steps cost as much CPU as the sweep itself (2 × 57 s on a slow day)."""
+    of the trials' 100: which metrics a round logs, and at which steps (what the test compares), does not depend on
+    τ, and the trials' steps would cost as much CPU as the sweep itself (2 × 57 s on a slow day with 250)."""
     trials = load_sweep(sweep_file).trials
     for index, uri in enumerate(uris):
         cfg = trials[index].config
