@@ -237,7 +237,8 @@ def _train_stacked(clients: list[Client], payloads: dict[int, Payload], rnd: int
     states = stack_states([c.current_state() for c in clients])
     if states is None:
         return None
-    rows = {k: torch.stack([torch.from_numpy(np.asarray(payloads[c.client_id][k])) for c in clients]).to(first.device)
+    # np.stack: a payload that came through Ray's object store is a read-only view, which torch.from_numpy warns of
+    rows = {k: torch.from_numpy(np.stack([payloads[c.client_id][k] for c in clients])).to(first.device)
             for k in payloads[first.client_id]}
     ctx = StackedContext([c.context(rnd) for c in clients])
     message, new_states, stats = first.algorithm.client_update(ctx, rows, states)

@@ -200,3 +200,30 @@ def test_every_algorithm_gives_the_same_numbers_in_process_and_on_actors(ray_ses
                 assert np.array_equal(ray_session.get(runner.server.global_params.remote()), server.params.numpy()), name
     finally:
         runner.stop()
+
+
+def test_stacked_training_takes_read_only_payloads_silently_with_the_same_numbers():
+    """A payload that reaches a ClientActor through Ray's object store is a read-only array; stacking it must not
+    make torch warn (it did, once per actor process, in every stacked trial's log) nor change a number."""
+    import warnings
+
+    from fedsweep.engine import local_federation
+    from fedsweep.federation import train_group
+
+    cfg = stacked(config("fedavg"))
+
+    def trained(read_only: bool):
+        server, pool = local_federation(cfg)
+        ids = server.sample(1)
+        payloads = server.payloads(ids)
+        if read_only:
+            for payload in payloads.values():
+                for v in payload.values():
+                    v.flags.writeable = False
+        clients = [c for host in pool.hosts for cid, c in host.clients.items() if cid in ids]
+        with compute_threads(), warnings.catch_warnings():
+            warnings.simplefilter("error")
+            return train_group(clients, payloads, 1, stacked=True)
+
+    plain, frozen = trained(False), trained(True)
+    assert len(plain) > 1 and all(np.array_equal(a.payload[k], b.payload[k]) for a, b in zip(plain, frozen) for k in a.payload)
