@@ -31,6 +31,8 @@ def save(checkpoint: dict, storage: Storage, folder: str, extra: dict[str, Any] 
     np.savez(buffer, **arrays)
     storage.write_bytes(posixpath.join(folder, ARRAYS), buffer.getvalue())
     meta = {key: checkpoint[key] for key in ("round", "floats_up", "floats_down")}
+    if "wall_time_s" in checkpoint:  # the run's seconds of rounds so far (execute adds it): a resumed clock goes on
+        meta["wall_time_s"] = float(checkpoint["wall_time_s"])
     meta["times_trained"] = times_trained
     # a state with no arrays ({}: FedAvg's) is a state, not None (not yet trained)
     meta["stateful"] = sorted(int(c) for c, (state, _) in checkpoint["clients"].items() if state is not None)
@@ -59,6 +61,8 @@ def load(storage: Storage, folder: str) -> tuple[dict, dict[str, Any]]:
         "floats_down": meta["floats_down"],
         "clients": {int(c): (clients.get(int(c), {} if int(c) in stateful else None), n) for c, n in meta["times_trained"].items()},
     }
+    if "wall_time_s" in meta:  # (checkpoints before 2026-11-27 have none: the resumed clock starts at 0)
+        checkpoint["wall_time_s"] = meta["wall_time_s"]
     return checkpoint, meta["extra"]
 
 

@@ -245,7 +245,8 @@ def execute(
 
     Every ``checkpoint_every`` rounds (after logging) ``on_checkpoint(metrics, checkpoint)`` is called
     instead of ``on_round``; ``resume`` (such a checkpoint) restarts after its round, and rounds the
-    logger already holds are not logged twice. The MLflow run ends FINISHED, or FAILED with outcome
+    logger already holds are not logged twice; a checkpoint carries the run's ``wall_time_s`` so far, and a resumed
+    run's rounds count on from it (not counting the rounds after the checkpoint that ran again). The MLflow run ends FINISHED, or FAILED with outcome
     ``diverged`` (non-finite global model) or ``error``; the exception is re-raised. ``runner``: the one to
     use (e.g. an :class:`InProcessRunner`, possibly started already); else, in a Tune trial
     (``trial_placement_group``) with a layout of one process, an :class:`InProcessRunner`, and otherwise a new
@@ -263,8 +264,12 @@ def execute(
         if logger and isinstance(runner, InProcessRunner):
             logger.client.set_tag(logger.run_id, f"{TAG_PREFIX}in_process", "true")  # no actor process: timings differ
         start = runner.restore(resume) if resume is not None else 0
+        # the server's clock starts at the first round it runs; a resumed run's goes on from its checkpoint's
+        elapsed = float(resume.get("wall_time_s", 0.0)) if resume is not None else 0.0
         checkpoint_rounds = range(checkpoint_every, cfg.rounds, checkpoint_every) if on_checkpoint and checkpoint_every else ()
         for metrics in runner.rounds(start, pipelined=True, sync_after=checkpoint_rounds):
+            if elapsed and "wall_time_s" in metrics:
+                metrics["wall_time_s"] += elapsed
             history.append(metrics)
             rnd = int(metrics["round"])
             if logger and rnd > logger.logged_through:
@@ -272,7 +277,7 @@ def execute(
             # a run resumed from a checkpoint finds every round before it in MLflow: while the tracking server
             # does not answer (the logger holds rounds), no checkpoint is saved, and a retry reruns those rounds
             if rnd in checkpoint_rounds and not metrics.get("diverged") and (not logger or logger.flush()):
-                on_checkpoint(metrics, runner.checkpoint(rnd))
+                on_checkpoint(metrics, runner.checkpoint(rnd) | {"wall_time_s": metrics.get("wall_time_s", 0.0)})
             else:
                 on_round(metrics)
         diverged = bool(history and history[-1].get("diverged"))

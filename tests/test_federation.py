@@ -281,3 +281,30 @@ def test_the_initial_vector_is_drawn_on_the_cpu_whatever_the_modules_device():
         assert not torch.equal(w, cpu.initial_vector(8))
         w.zero_()
         assert not torch.equal(w, cpu.initial_vector(7))
+
+
+def test_a_resumed_run_counts_its_wall_time_on_from_the_checkpoint(tmp_path):
+    """``wall_time_s`` is the run's seconds of rounds: a run resumed from a checkpoint (an interrupted trial, a lost
+    node) reported only the seconds since it resumed, so a benchmark's time of a method undercounted its resumed
+    trials. The checkpoint now carries the clock through storage, and the resumed rounds count on from it."""
+    from fedsweep import checkpoint as files
+    from fedsweep.experiment import InProcessRunner, execute
+    from fedsweep.storage import Storage
+
+    cfg = validate(config_dict(rounds=6, eval_every=2, resources=None))
+    storage = Storage(str(tmp_path))
+    saved: dict[int, float] = {}
+
+    def save(metrics, checkpoint):
+        saved[int(metrics["round"])] = metrics["wall_time_s"]
+        files.save_latest(checkpoint, storage, storage.path("trial"), {"run_id": "r"})
+
+    first = execute(cfg, None, checkpoint_every=3, runner=InProcessRunner(cfg), on_checkpoint=save)
+    loaded, _ = files.load_latest(storage, storage.path("trial"))
+    assert list(saved) == [3] and loaded["round"] == 3 and loaded["wall_time_s"] == saved[3] > 0
+    resumed = execute(cfg, None, runner=InProcessRunner(cfg), resume=loaded)
+    assert [int(m["round"]) for m in resumed] == [4, 5, 6]
+    assert all(m["wall_time_s"] > saved[3] for m in resumed)
+    assert [m["wall_time_s"] for m in first if m["round"] <= 3][-1] == saved[3]
+    without = {k: v for k, v in loaded.items() if k != "wall_time_s"}  # a checkpoint written before the clock was kept
+    assert [int(m["round"]) for m in execute(cfg, None, runner=InProcessRunner(cfg), resume=without)] == [4, 5, 6]
