@@ -17,7 +17,7 @@ from fedsweep.bench import BENCH_METRICS, choose, compact_markdown, load_bench, 
 from fedsweep.cli import main
 from fedsweep.config import ConfigError
 from fedsweep.table import load_runs
-from tests.conftest import BASE
+from tests.conftest import BASE, ROOT
 
 METHODS = {"methods": {
     "fedavg": {"name": "fedavg", "local_lr": {"loguniform": [0.02, 0.5]}},
@@ -386,3 +386,20 @@ def test_a_method_without_a_row_at_the_smaller_budget_gets_dashes_in_the_compact
                              "personalized_accuracy_mean").splitlines()
     assert lines[2].startswith("| 1 | ifca | β=0.9 | 90.00 ± 1.00 |") and lines[2].endswith("| — | — |")
     assert lines[3].endswith("| 70.00 ± 1.00 | 1 |")
+
+
+def test_the_majority_class_baseline_is_each_clients_most_frequent_training_label():
+    """``benchmarks/majority_baseline.py``: a client predicting its training part's most frequent label (the lowest on
+    a tie); on the Synthetic cell, the figure docs/benchmark.md quotes beside the methods (81.75%)."""
+    import torch
+
+    from benchmarks.majority_baseline import cell, majority_accuracies
+    from fedsweep.client_data import ClientData
+
+    def client(train, test):
+        return ClientData(torch.zeros(len(train), 1), torch.tensor(train), torch.zeros(len(test), 1), torch.tensor(test))
+
+    accs = majority_accuracies([client([2, 2, 1], [2, 1, 2, 0]), client([0, 1], [1, 1]), client([3], [3, 3, 3])])
+    assert accs.tolist() == [0.5, 0.0, 1.0]
+    row = cell(str(ROOT / "sweeps" / "benchmark" / "synthetic.yaml"))
+    assert round(100 * row["mean"], 2) == 81.75 and round(100 * row["p10"], 2) == 55.88 and round(100 * row["worst"], 2) == 43.48
