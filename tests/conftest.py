@@ -61,6 +61,17 @@ def config_dict(**sections) -> dict:
     return d
 
 
+def assert_running(proc, deadline: float, what: str) -> None:
+    """A test's sweep process is still running, before ``deadline`` (``time.time()``): else the test fails naming
+    ``what`` it waited for, with the end of the process's output when it exited (its error, not only its code)."""
+    import time
+
+    if proc.poll() is not None:
+        out, err = proc.communicate()
+        pytest.fail(f"the sweep exited {proc.returncode} before {what}:\n{((out or '') + (err or ''))[-4000:]}")
+    assert time.time() < deadline, f"the sweep stalled before {what}"
+
+
 def assert_runs_equal_run_local(trials, runs, keys=("personalized_accuracy_mean", "global_accuracy", "local_train_loss"),
                                 rel: float = 1e-12, absolute: float = 0.0) -> None:
     """Every MLflow run's final ``keys`` equal those of its trial's config run in one process (``run_local``), the

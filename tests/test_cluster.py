@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from fedsweep.loading import load_sweep
-from tests.conftest import assert_runs_equal_run_local, config_dict
+from tests.conftest import assert_running, assert_runs_equal_run_local, config_dict
 from tests.ray_cluster import RayCluster
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -120,7 +120,7 @@ def test_a_worker_node_lost_mid_trial(cluster, tmp_path):
                 max((m.step for m in c.get_metric_history(r.info.run_id, "uploads")), default=0) >= 2 for r in running)
 
         while not checkpointed():
-            assert proc.poll() is None and time.time() < deadline, "the sweep ended or stalled before the node was lost"
+            assert_running(proc, deadline, "the node was lost")
             time.sleep(0.3)
         busy = [n for n in cluster.server_nodes() if n in first]
         assert busy, "no ServerActor on a worker node"

@@ -18,7 +18,7 @@ import yaml
 from fedsweep.cli import main
 from fedsweep.engine import run_local
 from fedsweep.loading import load_sweep
-from tests.conftest import config_dict
+from tests.conftest import assert_running, config_dict
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -119,7 +119,7 @@ def test_killed_sweep_resumes_without_rerunning_or_duplicating(tmp_path, storage
         return len(runs) - len(running) >= 2 and max(steps, default=0) >= 3
 
     while not progressed(children(uri)):
-        assert driver.poll() is None and time.time() < deadline, "the sweep ended or stalled before it could be killed"
+        assert_running(driver, deadline, "it could be killed")
         time.sleep(0.5)
     kill_session(driver)
     before = children(uri)
@@ -217,7 +217,7 @@ def test_a_sweep_stopped_with_ctrl_c_reruns_its_stopped_trials_on_resume(tmp_pat
         return 2 <= max(steps, default=0) < 5
     try:
         while not mid_trial(children(uri)):
-            assert driver.poll() is None and time.time() < deadline, "the sweep ended or stalled before it could be stopped"
+            assert_running(driver, deadline, "it could be stopped")
             time.sleep(0.2)
         driver.send_signal(signal.SIGINT)
         _, err = driver.communicate(timeout=300)
