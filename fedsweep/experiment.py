@@ -245,8 +245,9 @@ def execute(
 
     Every ``checkpoint_every`` rounds (after logging) ``on_checkpoint(metrics, checkpoint)`` is called
     instead of ``on_round``; ``resume`` (such a checkpoint) restarts after its round, and rounds the
-    logger already holds are not logged twice; a checkpoint carries the run's ``wall_time_s`` so far, and a resumed
-    run's rounds count on from it (not counting the rounds after the checkpoint that ran again). The MLflow run ends FINISHED, or FAILED with outcome
+    logger already holds are not logged twice; a checkpoint carries the run's ``wall_time_s`` so far, and a
+    resumed run's rounds count on from it (not counting the rounds after the checkpoint that ran again).
+    The MLflow run ends FINISHED, or FAILED with outcome
     ``diverged`` (non-finite global model) or ``error``; the exception is re-raised. ``runner``: the one to
     use (e.g. an :class:`InProcessRunner`, possibly started already); else, in a Tune trial
     (``trial_placement_group``) with a layout of one process, an :class:`InProcessRunner`, and otherwise a new
