@@ -15,7 +15,7 @@ from fedsweep.algorithms.feddyn import FedDyn, FedDynParams
 from fedsweep.algorithms.perfedavg import meta_step
 from fedsweep.algorithms.pfedme import PFedMe, PFedMeParams, prox_solve
 from fedsweep.algorithms.pfldyn import PFLDyn, PFLDynParams
-from fedsweep.algorithms.transforms import proto_scores, transformed_gradient
+from fedsweep.algorithms.transforms import predictor, proto_scores, transformed_gradient
 from fedsweep.config import ConfigError
 from fedsweep.engine import run_local
 from fedsweep.loading import validate
@@ -381,6 +381,23 @@ def test_proto_scores_pick_the_nearest_class_centroid():
     assert scores.argmax(1).tolist() == [0, 2]
     assert torch.isinf(scores[:, 1]).all()  # class 1 has no support samples
     assert torch.allclose(scores[0, 0], torch.tensor(-(1.0**2 + 0.0**2)))  # centroid (0, 1)
+
+
+def test_the_proto_predictor_computes_the_training_centroids_once_with_the_same_scores():
+    model = FlatModel(build_model(MLPConfig(hidden=[5]), 4, 3))
+    g = torch.Generator().manual_seed(0)
+    train = (torch.randn(30, 4, generator=g), torch.randint(0, 3, (30,), generator=g))
+    ctx = ClientContext(model, ClientData(*train, *train), torch.Generator())
+    w = model.initial_vector(0)
+    parts = [torch.randn(7, 4, generator=g), torch.randn(5, 4, generator=g)]  # an evaluation's test and validation parts
+    seen = []
+    features = model.features
+    model.features = lambda v, x: seen.append(x.shape[0]) or features(v, x)
+    predict = predictor(ctx, "proto", w)
+    scores = [predict(x) for x in parts]
+    assert seen == [30, 7, 5]  # the training set's features once, then each part's
+    for x, got in zip(parts, scores):
+        assert torch.equal(got, proto_scores(ctx, w, train, x))  # what it scored before, bit for bit
 
 
 def test_every_algorithm_declares_its_hyperparameters():

@@ -37,12 +37,21 @@ def proto_scores(ctx: ClientContext, w: torch.Tensor, support: Batch, x: torch.T
     """−‖r_w(x) − c_k‖² for every class k; classes absent from ``support`` score −inf."""
     if isinstance(ctx, StackedContext):
         return _stacked_scores(ctx, w, support, x)
+    return _nearest_centroid(ctx, w, *_centroids(ctx, w, support), x)
+
+
+def _centroids(ctx: ClientContext, w: torch.Tensor, support: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(c_k for every class k, the number of ``support`` samples of each class)."""
     xs, ys = support
     feats = ctx.model.features(w, xs)
     num_classes = ctx.model.num_classes
     counts = torch.bincount(ys, minlength=num_classes).to(feats.dtype)
     sums = torch.zeros(num_classes, feats.shape[1], dtype=feats.dtype, device=feats.device).index_add(0, ys, feats)
-    centroids = sums / counts.clamp(min=1).unsqueeze(1)
+    return sums / counts.clamp(min=1).unsqueeze(1), counts
+
+
+def _nearest_centroid(ctx: ClientContext, w: torch.Tensor, centroids: torch.Tensor, counts: torch.Tensor,
+                      x: torch.Tensor) -> torch.Tensor:
     scores = -torch.cdist(ctx.model.features(w, x), centroids).pow(2)
     return scores.masked_fill(counts == 0, float("-inf"))
 
@@ -114,8 +123,25 @@ def personalized(ctx: ClientContext, transform: Transform, w: torch.Tensor, lr: 
 
 def predictor(ctx: ClientContext, transform: Transform, w: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
     if transform == "proto":
-        return lambda x: proto_scores(ctx, w, ctx.train_data(), x)
+        return _ProtoPredictor(ctx, w)
     return lambda x: ctx.model(w, x)
+
+
+class _ProtoPredictor:
+    """Proto's personalized predictor, :func:`proto_scores` against the centroids of the client's whole training
+    set; they are computed at the first call and kept (an evaluation scores its test and validation parts with one
+    predictor: the training set's features were computed for each before, the same numbers)."""
+
+    def __init__(self, ctx: ClientContext, w: torch.Tensor):
+        self.ctx, self.w = ctx, w
+        self.centroids: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.ctx, StackedContext):
+            return _stacked_scores(self.ctx, self.w, self.ctx.train_data(), x)
+        if self.centroids is None:
+            self.centroids = _centroids(self.ctx, self.w, self.ctx.train_data())
+        return _nearest_centroid(self.ctx, self.w, *self.centroids, x)
 
 
 class TransformHooks:
