@@ -301,6 +301,38 @@ def test_an_optuna_search_of_8_samples_runs_reproducibly_each_setting_on_every_s
     assert drawn[0] == drawn[1]
 
 
+def test_an_optuna_search_state_restores_to_the_same_draws_and_refuses_any_other_global(tmp_path):
+    """A study saved after trials completed (every kind of distribution, past TPE's 10 random starts) and restored
+    in a new searcher draws what the saved one draws next; a state that names anything else (here os.system) is
+    refused by name before it is called (fedsweep.safe_pickle), and the searcher keeps its own state."""
+    import os
+    import pickle
+
+    from fedsweep.optuna_search import PointwiseOptuna
+    from fedsweep.search import optuna_space
+
+    value = {"a": {"loguniform": [0.001, 0.1]}, "b": {"uniform": [0, 1]}, "c": {"randint": [1, 5]}, "d": {"choice": [1, 2]}}
+    make = lambda: PointwiseOptuna([optuna_space(value), optuna_space({"a": {"uniform": [0, 1]}})], 16, "acc", "max", 0)
+    study = make()
+    for i in range(24):
+        drawn = study.suggest(f"t{i}")["drawn"]
+        study.on_trial_complete(f"t{i}", {"acc": sum(float(v) for v in drawn.values()), **drawn}, error=i == 3)
+    study.save(str(tmp_path / "state.pkl"))
+    restored = make()
+    restored.restore(str(tmp_path / "state.pkl"))
+    assert [restored.suggest(f"n{i}") for i in range(4)] == [study.suggest(f"n{i}") for i in range(4)]
+
+    class Attack:
+        def __reduce__(self):
+            return os.system, (f"touch {tmp_path / 'pwned'}",)
+
+    (tmp_path / "bad.pkl").write_bytes(pickle.dumps({"counter": Attack()}))
+    fresh = make()
+    with pytest.raises(pickle.UnpicklingError, match=r"refusing to load posix.system: .*bad.pkl is a sweep's Optuna search state"):
+        fresh.restore(str(tmp_path / "bad.pkl"))
+    assert not (tmp_path / "pwned").exists() and fresh.counter == 0
+
+
 def test_an_optuna_search_is_checked_at_the_edges_of_its_space_before_it_starts(tmp_path, monkeypatch):
     path = _optuna_file(tmp_path, "edges")
     body = yaml.safe_load((tmp_path / "edges.yaml").read_text())

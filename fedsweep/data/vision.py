@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import io
 import os
 import pickle
 import tempfile
@@ -28,6 +27,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from fedsweep import safe_pickle
+from fedsweep.safe_pickle import NUMPY_ARRAYS
 
 # name -> (subfolder torchvision uses, train files, test files, torchvision class)
 LAYOUT = {
@@ -76,27 +78,14 @@ def read_idx(path: Path) -> np.ndarray:
     return data.reshape(dims)
 
 
-class _ArrayUnpickler(pickle.Unpickler):
-    """Unpickles dicts, lists, strings, numbers and NumPy arrays; refuses every other global."""
-
-    ALLOWED = frozenset({
-        ("numpy.core.multiarray", "_reconstruct"),
-        ("numpy._core.multiarray", "_reconstruct"),
-        ("numpy", "ndarray"),
-        ("numpy", "dtype"),
-        ("_codecs", "encode"),  # how protocol-2 pickles written by Python 3 carry bytes
-    })
-
-    def find_class(self, module: str, name: str):
-        if (module, name) not in self.ALLOWED:
-            raise pickle.UnpicklingError(f"refusing to load {module}.{name}: only NumPy arrays are allowed here")
-        return super().find_class(module, name)
+#: what a CIFAR batch may name besides arrays: how protocol-2 pickles written by Python 3 carry bytes
+_CIFAR_BATCH = NUMPY_ARRAYS | {("_codecs", "encode")}
 
 
 def read_cifar_batch(path: Path) -> dict:
     """One CIFAR python-version batch: a dict with ``data`` (N × 3072 uint8, channel-major) and labels."""
     with open(path, "rb") as f:
-        batch = _ArrayUnpickler(io.BytesIO(f.read()), encoding="bytes").load()
+        batch = safe_pickle.load(f.read(), _CIFAR_BATCH, "only NumPy arrays are allowed here", encoding="bytes")
     batch = {k.decode() if isinstance(k, bytes) else k: v for k, v in batch.items()} if isinstance(batch, dict) else {}
     if "data" not in batch or not {"labels", "fine_labels"} & set(batch):
         raise ValueError(f"{path}: not a CIFAR batch (a dict with data and labels)")
