@@ -331,3 +331,13 @@ def test_subsample_at_its_default_leaves_a_settings_key_as_it_was_before_the_fie
     assert cfg.setting_key() == before  # so `fedsweep bench --resume` keeps the results recorded before it
     cut = validate(config_dict(data={"_replace": True, "dataset": "mnist", "num_clients": 4, "subsample": 0.1}))
     assert cut.setting_key() != before
+
+
+def test_pixels_become_float32_in_the_unit_interval_as_the_plain_division_gives_them():
+    from fedsweep.data.vision import to_float
+
+    images = np.arange(256, dtype=np.uint8).reshape(16, 16)
+    out = to_float(images)
+    assert out.dtype == np.float32 and out.shape == images.shape
+    assert np.array_equal(out, np.asarray(images, dtype=np.float32) / 255.0)  # every pixel value, bit for bit
+    assert out[0, 0] == 0.0 and out[-1, -1] == 1.0 and images[-1, -1] == 255  # the input is left as it was

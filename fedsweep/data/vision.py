@@ -271,8 +271,12 @@ def load_uint8(name: str, root: Path, allow_download: bool = False) -> tuple[np.
 
 
 def to_float(images: np.ndarray) -> np.ndarray:
-    """uint8 images as float32 in [0, 1]."""
-    return np.asarray(images, dtype=np.float32) / 255.0
+    """uint8 images as float32 in [0, 1]: x / 255 in float32, divided in place (the same values as
+    ``np.asarray(images, np.float32) / 255.0``, each of the 256 checked in ``tests/test_vision.py``, in a sixth of
+    the time: MNIST's 70,000 images are converted at every dataset build)."""
+    out = np.array(images, dtype=np.float32)
+    out /= np.float32(255.0)
+    return out
 
 
 #: Added to every pixel's standard deviation by :func:`standardize` (0..255 units), as pFedMe's generator does.
