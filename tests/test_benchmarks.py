@@ -55,3 +55,19 @@ def test_the_pfl_cifar_benchmark_runs_fedsweeps_variants_on_the_cpu_in_ci_size()
     assert one["final_global_accuracy"] == stacked["final_global_accuracy"]
     assert one["final_global_loss"] == pytest.approx(stacked["final_global_loss"], abs=1e-5)
     assert "pfl-research" not in out["results"] and "stacked: " in r.stdout
+
+
+def test_the_trial_split_script_times_an_evaluation_and_the_training_rounds(tmp_path):
+    """``benchmarks/trial_split.py`` on a small digits experiment: both times measured, the trial's totals their
+    multiples by the file's rounds and evaluations, the algorithm replaced when asked."""
+    import yaml
+
+    from benchmarks.trial_split import main
+    from tests.conftest import config_dict
+
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(config_dict(rounds=6, eval_every=3)))
+    out = main([str(path), "--rounds", "2", "--algorithm", "ditto"])
+    assert out["algorithm"] == "ditto" and out["evaluations"] == 3  # rounds 0, 3 and 6
+    assert out["evaluation_s"] > 0 and out["training_round_s"] > 0
+    assert out["trial_training_s"] == pytest.approx(6 * out["training_round_s"], abs=0.06)  # both rounded
