@@ -1,7 +1,8 @@
 """The majority-class baseline of a benchmark cell: each client predicts the most frequent label of its own training
 part, with no model and no communication. Computed from the cell's data, as its methods see it.
 
-    FEDSWEEP_DATA_DIR=../shared/data python benchmarks/majority_baseline.py sweeps/benchmark/*.yaml
+    FEDSWEEP_DATA_DIR=../shared/data python benchmarks/majority_baseline.py sweeps/benchmark/*.yaml \
+        --output docs/results/benchmark/majority_baseline.csv
 
 On a label-skewed split this predictor already scores high on the personalized metrics, so a method's row means
 something only beside it (docs/benchmark.md: a chosen setting that learned each client's label prior and nothing
@@ -14,6 +15,7 @@ split (the data seed), so one number per cell.
 from __future__ import annotations
 
 import argparse
+import csv
 
 import numpy as np
 import torch
@@ -42,17 +44,25 @@ def cell(path: str) -> dict[str, float | str]:
     return row
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="+", help="benchmark files (sweeps/benchmark/*.yaml)")
-    args = parser.parse_args()
+    parser.add_argument("--output", help="also write the rows (fractions, not percents) to this CSV file")
+    args = parser.parse_args(argv)
     print("| cell | mean (%) | p10 (%) | worst (%) | unseen mean (%) |\n|---|---|---|---|---|")
+    rows = []
     for path in args.files:
         if path.endswith("methods.yaml"):
             continue
         r = cell(path)
+        rows.append(r)
         print(f"| {r['cell']} | {100 * r['mean']:.2f} | {100 * r['p10']:.2f} | {100 * r['worst']:.2f} | {100 * r['unseen mean']:.2f} |",
               flush=True)
+    if args.output:
+        with open(args.output, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows({k: v if k == "cell" else float(v) for k, v in r.items()} for r in rows)
 
 
 if __name__ == "__main__":

@@ -388,12 +388,14 @@ def test_a_method_without_a_row_at_the_smaller_budget_gets_dashes_in_the_compact
     assert lines[3].endswith("| 70.00 ± 1.00 | 1 |")
 
 
-def test_the_majority_class_baseline_is_each_clients_most_frequent_training_label():
+def test_the_majority_class_baseline_is_each_clients_most_frequent_training_label(tmp_path):
     """``benchmarks/majority_baseline.py``: a client predicting its training part's most frequent label (the lowest on
-    a tie); on the Synthetic cell, the figure docs/benchmark.md quotes beside the methods (81.75%)."""
+    a tie); on the Synthetic cell, the figure docs/benchmark.md quotes beside the methods (81.75%), written to the CSV
+    as the committed ``docs/results/benchmark/majority_baseline.csv`` holds it."""
+    import pandas as pd
     import torch
 
-    from benchmarks.majority_baseline import cell, majority_accuracies
+    from benchmarks.majority_baseline import cell, main, majority_accuracies
     from fedsweep.client_data import ClientData
 
     def client(train, test):
@@ -403,3 +405,8 @@ def test_the_majority_class_baseline_is_each_clients_most_frequent_training_labe
     assert accs.tolist() == [0.5, 0.0, 1.0]
     row = cell(str(ROOT / "sweeps" / "benchmark" / "synthetic.yaml"))
     assert round(100 * row["mean"], 2) == 81.75 and round(100 * row["p10"], 2) == 55.88 and round(100 * row["worst"], 2) == 43.48
+    main([str(ROOT / "sweeps" / "benchmark" / "synthetic.yaml"), "--output", str(tmp_path / "baseline.csv")])
+    written = pd.read_csv(tmp_path / "baseline.csv")
+    assert written.to_dict("records") == [{k: float(v) if k != "cell" else v for k, v in row.items()}]
+    committed = pd.read_csv(ROOT / "docs" / "results" / "benchmark" / "majority_baseline.csv").set_index("cell")
+    assert committed.loc[row["cell"]].to_dict() == {k: float(v) for k, v in row.items() if k != "cell"}
