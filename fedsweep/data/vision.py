@@ -29,7 +29,6 @@ from typing import Any
 import numpy as np
 
 from fedsweep import safe_pickle
-from fedsweep.safe_pickle import NUMPY_ARRAYS
 
 # name -> (subfolder torchvision uses, train files, test files, torchvision class)
 LAYOUT = {
@@ -79,7 +78,7 @@ def read_idx(path: Path) -> np.ndarray:
 
 
 #: what a CIFAR batch may name besides arrays: how protocol-2 pickles written by Python 3 carry bytes
-_CIFAR_BATCH = NUMPY_ARRAYS | {("_codecs", "encode")}
+_CIFAR_BATCH = safe_pickle.NUMPY_ARRAYS | {("_codecs", "encode")}
 
 
 def read_cifar_batch(path: Path) -> dict:
