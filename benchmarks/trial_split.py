@@ -19,6 +19,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.device_sweep import in_process
 from fedsweep.experiment import InProcessRunner
 from fedsweep.loading import validate
 
@@ -30,10 +31,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--rounds", type=int, default=5, help="training rounds to time")
     args = ap.parse_args(argv)
     raw = yaml.safe_load(Path(args.file).read_text())
-    raw["resources"] = {"client_workers": 1, "server_cpus": 1, "client_cpus": 1}  # everything in this process
     if args.algorithm:
         raw["algorithm"]["name"] = args.algorithm
-    cfg = validate(raw)
+    cfg = in_process(validate(raw), stack=False)  # every client in this process, one by one
     runner = InProcessRunner(cfg)
     runner.start()
     engine = runner.server
