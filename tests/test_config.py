@@ -412,3 +412,30 @@ def test_a_field_error_crosses_processes_whole():
 
     error = pickle.loads(pickle.dumps(FieldError("model.kernel_size", "5 is too large")))
     assert (error.field, error.message, str(error)) == ("model.kernel_size", "5 is too large", "model.kernel_size: 5 is too large")
+
+
+def test_nesting_past_the_limit_is_refused_at_its_first_bracket_in_bounded_time(tmp_path):
+    """PyYAML's scanner works in the square of the ``[``/``{`` depth (3000 levels: 1.3 s before a RecursionError);
+    the reader stops at the bracket one past :data:`config_file.MAX_DEPTH`, with its line."""
+    import time
+
+    from fedsweep import config_file
+
+    depth = config_file.MAX_DEPTH
+    ok = write(tmp_path, "a: 1\nb: " + "[" * depth + "]" * depth + "\n")
+    value, _, _ = config_file.read(ok)
+    inner = value["b"]
+    for _ in range(depth - 1):
+        inner = inner[0]
+    assert inner == []
+    for line, text in ((2, "a: 1\nb: " + "[" * (depth + 1) + "]" * (depth + 1) + "\n"),
+                       (3, "a: 1\nb:\n  " + "{x: " * 3000 + "1" + "}" * 3000 + "\n")):
+        path = write(tmp_path, text, "deep.yaml")
+        t0 = time.perf_counter()
+        with pytest.raises(config_file.ConfigFileError, match=rf"deep.yaml:{line}: YAML nested deeper than {depth} levels$"):
+            config_file.read(path)
+        assert time.perf_counter() - t0 < 0.5
+    # block nesting (indentation) has no brackets: the composed tree's walk refuses it
+    path = write(tmp_path, "".join("  " * i + f"k{i}:\n" for i in range(depth + 2)) + "  " * (depth + 2) + "1\n", "deep.yaml")
+    with pytest.raises(config_file.ConfigFileError, match=rf"YAML nested deeper than {depth} levels"):
+        config_file.read(path)
