@@ -36,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fedsweep.config import ConfigError
+from fedsweep.config import ConfigError, resolve_tracking_uri
 from fedsweep.layout import AUTO_SERVER_CPUS
 from fedsweep.loading import load_sweep, validate
 
@@ -142,7 +142,6 @@ def log(args) -> None:
         RunLogger,
         client,
         ensure_experiment,
-        resolve_tracking_uri,
         trial_title,
     )
 

@@ -42,8 +42,9 @@ def worker(path: str, variant: str) -> dict:
 
     cfg = load_experiment(path)
     mark("file read and checked")
+    from fedsweep.config import resolve_tracking_uri
     from fedsweep.experiment import InProcessRunner, check_cluster, connect_ray, execute
-    from fedsweep.tracking import RunLogger, ensure_experiment, resolve_tracking_uri, warm_up
+    from fedsweep.tracking import RunLogger, ensure_experiment, warm_up
 
     mark("import Ray")
     uri = resolve_tracking_uri(cfg.tracking.tracking_uri)

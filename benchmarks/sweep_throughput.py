@@ -70,9 +70,10 @@ def worker_sweep(args) -> dict:
 def worker_single(args) -> dict:
     import ray
 
+    from fedsweep.config import resolve_tracking_uri
     from fedsweep.experiment import connect_ray, execute
     from fedsweep.loading import load_sweep
-    from fedsweep.tracking import RunLogger, ensure_experiment, resolve_tracking_uri
+    from fedsweep.tracking import RunLogger, ensure_experiment
 
     sweep = load_sweep(write_sweep(args.rounds))
     first = sweep.trials[0].config

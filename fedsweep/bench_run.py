@@ -29,9 +29,9 @@ from fedsweep.bench import (
     read_state,
     write_state,
 )
-from fedsweep.config import ConfigError, Sweep
+from fedsweep.config import ConfigError, Sweep, resolve_tracking_uri
 from fedsweep.table import load_runs, read_runs, save_runs, to_markdown
-from fedsweep.tracking import PARENT_TAG, TAG_PREFIX, client, ensure_experiment, resolve_tracking_uri
+from fedsweep.tracking import PARENT_TAG, TAG_PREFIX, client, ensure_experiment
 
 
 def _run(sweep: Sweep, resume: bool, parent: str, verbose: int) -> dict[str, Any]:

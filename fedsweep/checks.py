@@ -9,10 +9,9 @@ import os
 from pathlib import Path
 
 from fedsweep.algorithms import ALGORITHMS
-from fedsweep.config import RAY_ADDRESS_PATTERN, ConfigError, ExperimentConfig
+from fedsweep.config import RAY_ADDRESS_PATTERN, ConfigError, ExperimentConfig, resolve_tracking_uri
 from fedsweep.data import input_features, num_classes
 from fedsweep.models import FlatModel, build_model
-from fedsweep.tracking import resolve_tracking_uri
 
 
 def check_fits(cfg: ExperimentConfig, cluster_cpus: float, cluster_gpus: float, memory_mb: float | None, where: str,

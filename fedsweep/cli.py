@@ -28,7 +28,7 @@ def _tracking_uri(configured: str | None) -> str | None:
     """The store a command reads (``--tracking-uri``, else $MLFLOW_TRACKING_URI, else ./mlflow.db); None,
     after saying why, when it cannot be one."""
     from fedsweep.checks import tracking_uri_problem
-    from fedsweep.tracking import resolve_tracking_uri
+    from fedsweep.config import resolve_tracking_uri
 
     uri = resolve_tracking_uri(configured)
     if problem := tracking_uri_problem(uri):
@@ -65,9 +65,10 @@ def cmd_run(args) -> int:
     import psutil
     from tqdm import tqdm
 
+    from fedsweep.config import resolve_tracking_uri
     from fedsweep.experiment import InProcessRunner, check_cluster, connect_ray, execute, runs_in_process
     from fedsweep.loading import load_experiment
-    from fedsweep.tracking import RunLogger, ensure_experiment, resolve_tracking_uri, warm_up
+    from fedsweep.tracking import RunLogger, ensure_experiment, warm_up
 
     cfg = load_experiment(args.file)
     uri = resolve_tracking_uri(cfg.tracking.tracking_uri)
@@ -123,10 +124,10 @@ def cmd_run(args) -> int:
 
 
 def cmd_sweep(args) -> int:
+    from fedsweep.config import resolve_tracking_uri
     from fedsweep.loading import load_sweep
     from fedsweep.sweep import run_sweep
     from fedsweep.table import best_settings, diverged_settings, load_runs, to_markdown
-    from fedsweep.tracking import resolve_tracking_uri
 
     sweep = load_sweep(args.file)
     print(f"{args.file}: {sweep.describe()}, at most {sweep.settings.max_concurrent_trials} trial(s) at a time")

@@ -13,6 +13,7 @@ import json
 import math
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -194,6 +195,19 @@ class TrackingConfig(StrictModel):
         "meanwhile, written when it answers again); past them the trial fails, and a sweep retries it from its "
         "last checkpoint (sweep.trial_retries).",
     )
+
+
+def resolve_tracking_uri(configured: str | None = None) -> str:
+    """The config's URI, else ``$MLFLOW_TRACKING_URI``, else ``sqlite:///<cwd>/mlflow.db``; local paths made absolute.
+
+    Absolute because Tune runs each trial in its own working directory.
+    """
+    uri = configured or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        return "sqlite:///" + str(Path(uri[len("sqlite:///") :]).resolve())
+    if "://" not in uri:
+        return Path(uri).resolve().as_uri()
+    return uri
 
 
 class ExperimentConfig(StrictModel):

@@ -16,8 +16,8 @@ through Ray calls. The pool sends every remote host its call before running the 
 (each training reply carries the trained clients' new states) and knows which host holds it (``fresh``). A call
 carries a client's state only when its host does not hold the current one (another host trained it last, or the
 host was restarted); a host that dies or does not answer within the round's timeout is missing from that call's
-replies (its clients dropped for the round, their states unchanged), is set up again before its next call, and
-gets the states it needs sent with that call. Checkpoints are read from the pool's copy, with no call at all.
+replies (its clients dropped for the round, their states unchanged) and gets the states it needs sent with its
+next call; one that died is also set up again before that call (a straggler is not: it is alive, only late). Checkpoints are read from the pool's copy, with no call at all.
 """
 
 from __future__ import annotations

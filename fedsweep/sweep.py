@@ -16,7 +16,7 @@ from ray import tune
 
 from fedsweep import checkpoint as checkpoint_files
 from fedsweep import search
-from fedsweep.config import ConfigError, ExperimentConfig, Sweep
+from fedsweep.config import ConfigError, ExperimentConfig, Sweep, resolve_tracking_uri
 from fedsweep.experiment import check_cluster, connect_ray, execute
 from fedsweep.stopping import STOPPED_AFTER, MarkingASHA, end_interrupted, interrupted, mark_stopped_early, trial_runs
 from fedsweep.storage import Storage
@@ -26,7 +26,6 @@ from fedsweep.tracking import (
     RunLogger,
     client,
     ensure_experiment,
-    resolve_tracking_uri,
     trial_title,
     warm_up,
 )

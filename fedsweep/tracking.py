@@ -10,7 +10,6 @@ import contextlib
 import functools
 import json
 import math
-import os
 import threading
 import time
 from pathlib import Path
@@ -79,19 +78,6 @@ def code_version() -> str:
             changed = git("status", "--porcelain", "--untracked-files=no", "--", "fedsweep").stdout.strip()
             return head.stdout.strip() + ("+changes" if changed else "")
     return fedsweep.__version__
-
-
-def resolve_tracking_uri(configured: str | None = None) -> str:
-    """The config's URI, else ``$MLFLOW_TRACKING_URI``, else ``sqlite:///<cwd>/mlflow.db``; local paths made absolute.
-
-    Absolute because Tune runs each trial in its own working directory.
-    """
-    uri = configured or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
-    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
-        return "sqlite:///" + str(Path(uri[len("sqlite:///") :]).resolve())
-    if "://" not in uri:
-        return Path(uri).resolve().as_uri()
-    return uri
 
 
 def client(uri: str):

@@ -1,4 +1,5 @@
-"""The shape of the code: no import circle among the project's modules, and no file over 500 lines.
+"""The shape of the code: no import circle among the project's modules, imports only down the layers of
+docs/architecture.md, and no file over 500 lines.
 
 Read from the source with ``ast`` (nothing is imported: no Ray, no torch), so it runs in well under a second."""
 
@@ -112,14 +113,68 @@ def _within(module: str, packages: tuple[str, ...]) -> bool:
     return any(module == p or module.startswith(p + ".") for p in packages)
 
 
-def test_the_schema_imports_only_downward_and_the_dotted_keys_nothing():
-    """fedsweep.config is the schema: it may use what its fields are made of, never the reading, the checks or
-    the layout built on it; fedsweep.dotted is at the bottom."""
+#: docs/architecture.md's layers, top to bottom, and the modules (or packages) of each: a module imports only
+#: modules of its own layer or of a layer below it, lazy imports included.
+LAYERS = {
+    "commands": ("fedsweep.cli",),
+    "benchmark": ("fedsweep.bench", "fedsweep.bench_run"),
+    "sweeps": ("fedsweep.sweep", "fedsweep.stopping", "fedsweep.optuna_search", "fedsweep.table", "fedsweep.report",
+               "fedsweep.checkpoint"),
+    "drivers": ("fedsweep.experiment",),
+    "tracking": ("fedsweep.tracking", "fedsweep.metric_writer", "fedsweep.sqlite_store"),
+    "actors": ("actors",),
+    "engine": ("fedsweep.engine",),
+    "pool": ("fedsweep.pool",),
+    "federation": ("fedsweep.federation",),
+    "configuration": ("fedsweep.config", "fedsweep.loading", "fedsweep.checks", "fedsweep.layout", "fedsweep.search",
+                      "fedsweep.storage"),
+    "algorithms": ("fedsweep.algorithms",),
+    "models, data": ("fedsweep.models", "fedsweep.data", "fedsweep.client_data", "fedsweep.evaluation"),
+    "utilities": ("fedsweep.dotted", "fedsweep.schema", "fedsweep.config_file", "fedsweep.safe_pickle"),
+}
+
+
+def _layer(module: str) -> int | None:
+    for rank, members in enumerate(LAYERS.values()):
+        if _within(module, members):
+            return rank
+    return None
+
+
+def _doc_layers() -> dict[str, str]:
+    """docs/architecture.md's table of layers: each row's first cell → its modules cell."""
+    text = (ROOT / "docs" / "architecture.md").read_text().split("## The layers", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1:-1] for line in text.splitlines() if line.startswith("| ") and not line.startswith("| layer |")]
+    return {cells[0].strip(): cells[1] for cells in rows}
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Each import of ``graph`` from a module to one of a higher layer (the package ``fedsweep`` itself is in none)."""
+    names = list(LAYERS)
+    return [f"{m} ({names[_layer(m)]}) imports {t} ({names[_layer(t)]})" for m in sorted(graph) if m != "fedsweep"
+            for t in sorted(graph[m]) if t != "fedsweep" and _layer(t) < _layer(m)]
+
+
+def test_each_module_imports_only_its_own_layer_and_the_layers_below_as_the_architecture_page_says():
     graph = import_graph()
-    assert graph["fedsweep.dotted"] == set()
-    below = ("fedsweep.algorithms", "fedsweep.data", "fedsweep.models", "fedsweep.schema", "fedsweep.evaluation", "fedsweep.dotted")
-    upward = {m for m in graph["fedsweep.config"] if not _within(m, below)}
-    assert not upward, f"fedsweep.config imports {sorted(upward)}"
+    unplaced = sorted(m for m in graph if m != "fedsweep" and _layer(m) is None)
+    assert not unplaced, f"modules in no layer of LAYERS (and of docs/architecture.md): {unplaced}"
+    upward = upward_imports(graph)
+    assert not upward, "imports up the layers: " + "; ".join(upward)
+    doc = _doc_layers()
+    assert list(doc) == list(LAYERS)  # the page's rows: these layers, in this order
+    for layer, members in LAYERS.items():  # each module named in its row (a package by its folder)
+        for m in members:
+            name = m.split(".")[-1] + ("/" if (ROOT / m.replace(".", "/")).is_dir() else ".py")
+            assert name in doc[layer], f"docs/architecture.md, row {layer!r}: {name} not named"
+
+
+def test_an_import_up_the_layers_is_found_and_one_down_or_within_a_layer_is_not():
+    # checks.py read the tracking URI from tracking.py until 2026-11-27
+    assert upward_imports({"fedsweep.checks": {"fedsweep.tracking", "fedsweep.config"}}) == [
+        "fedsweep.checks (configuration) imports fedsweep.tracking (tracking)"]
+    assert upward_imports({"fedsweep.algorithms.fedper": {"fedsweep.algorithms.fedavg", "fedsweep.models"},
+                           "fedsweep": {"fedsweep.cli"}, "fedsweep.cli": {"fedsweep"}}) == []
 
 
 def test_every_python_file_has_at_most_500_lines():

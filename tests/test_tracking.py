@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from fedsweep.tracking import resolve_tracking_uri, setting_label
+from fedsweep.config import resolve_tracking_uri
+from fedsweep.tracking import setting_label
 
 
 def test_default_is_sqlite_in_the_working_directory(tmp_path, monkeypatch):
