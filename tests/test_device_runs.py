@@ -78,10 +78,15 @@ WITHOUT_RAY_AND_MLFLOW = (
 )
 
 
-def _run(file: Path, out: Path, *more: str, workers: int = 1) -> None:
-    cmd = [sys.executable, "-c", WITHOUT_RAY_AND_MLFLOW, "run", str(file), "--out", str(out), "--device", "cpu",
-           "--workers", str(workers), *more]
-    subprocess.run(cmd, cwd=ROOT, check=True, timeout=300)
+def _run(file: Path, out: Path, *more: str, workers: int = 1, without_ray_and_mlflow: bool = False) -> None:
+    """``device_sweep.py run``: in this process (one trial after the other, torch's threads restored after each),
+    or as the GPU machine runs it, a process in which Ray and MLflow cannot be imported."""
+    args = ["run", str(file), "--out", str(out), "--device", "cpu", "--workers", str(workers), *more]
+    if without_ray_and_mlflow:
+        subprocess.run([sys.executable, "-c", WITHOUT_RAY_AND_MLFLOW, *args], cwd=ROOT, check=True, timeout=300)
+    else:
+        assert workers == 1
+        device_sweep.main(args)
 
 
 def _log(file: Path, folder: Path, uri: str, monkeypatch) -> None:
@@ -92,7 +97,7 @@ def _log(file: Path, folder: Path, uri: str, monkeypatch) -> None:
 def test_trials_run_without_ray_or_mlflow_and_log_as_a_sweep(tmp_path, monkeypatch):
     file = tmp_path / "device_route.yaml"
     file.write_text(SWEEP)
-    _run(file, tmp_path / "out", workers=2)  # two processes at once
+    _run(file, tmp_path / "out", workers=2, without_ray_and_mlflow=True)  # two processes at once
     sweep = load_sweep(file, check_cluster=False)
     files = sorted((tmp_path / "out").glob("trial_*.jsonl"))
     assert len(files) == len(sweep.trials) == 6
@@ -154,6 +159,7 @@ def test_pace_compares_a_stacked_probe_with_a_one_by_one_probe(tmp_path, capsys)
     file.write_text(SWEEP)
     _run(file, tmp_path / "on", "--rounds", "3", "--trials", "2")
     _run(file, tmp_path / "off", "--rounds", "3", "--trials", "2", "--no-stack")
+    capsys.readouterr()  # the two runs' own lines
     device_sweep.main(["pace", str(tmp_path / "on"), str(tmp_path / "off")])
     line = capsys.readouterr().out.strip()
     pace = {}
