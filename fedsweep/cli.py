@@ -108,7 +108,8 @@ def cmd_run(args) -> int:
             bar.write(
                 f"round {int(m['round']):4d}  personalized acc {m['personalized_accuracy_mean']:.4f} "
                 f"(worst {m['personalized_accuracy_worst']:.4f})"
-                + (f"  global acc {m['global_accuracy']:.4f}  train loss {m['train_loss']:.4f}" if has_global else "")
+                + (f"  global acc {m['global_accuracy']:.4f}" if has_global else "")
+                + (f"  train loss {m['train_loss']:.4f}" if "train_loss" in m else "")
                 + f"  transmissions {m['transmissions']:g}"
             )
 

@@ -92,11 +92,12 @@ class Setup:
     seed: int
     num_features: int
     num_classes: int
+    train_loss: bool = True  # score the global model on the training part at evaluations (tracking.log_train_loss)
 
     @classmethod
     def of(cls, cfg: Any, num_features: int, num_classes: int) -> Setup:
         """From an :class:`~fedsweep.config.ExperimentConfig` and its dataset's shape."""
-        return cls(cfg.model, cfg.algorithm, cfg.seed, num_features, num_classes)
+        return cls(cfg.model, cfg.algorithm, cfg.seed, num_features, num_classes, cfg.tracking.log_train_loss)
 
     def flat_model(self, device: torch.device | str = "cpu") -> FlatModel:
         """A :class:`FlatModel` of the architecture on ``device``. On the CPU its module (the layers it calls with a
@@ -137,6 +138,7 @@ class Client:
         self.data = data.to(self.device)
         self.model = setup.flat_model(self.device)
         self.algorithm = setup.algorithm_on(self.model)
+        self.train_loss = setup.train_loss
         self.state: State | None = None
         self.times_trained = 0
 
@@ -192,7 +194,8 @@ class Client:
             global_model = lambda x: self.model(w, x)
             same = _same_model(self.algorithm, personalized, w)
             gc, gl = (pc, pl) if same else score(global_model, d.x_test, d.y_test)
-            _, tl = score(global_model, d.x_train, d.y_train)
+            if self.train_loss:
+                _, tl = score(global_model, d.x_train, d.y_train)
         out = ClientEval(self.client_id, d.num_train, d.num_test, pc, pl, gc, gl, tl, self.times_trained)
         if d.num_val:
             out.num_val = d.num_val

@@ -356,6 +356,9 @@ def sweep_from(raw: dict, source: str, lines: dict[tuple, int], file: str, check
                 f"{_where(file, lines, ('sweep', 'select_on'))}: sweep.select_on: 'validation' needs a validation part in "
                 f"every trial, but data.validation_fraction is 0 in {len(without)} of {len(trials)} (e.g. {without[0]}); "
                 "allowed: data.validation_fraction > 0 (e.g. 0.2), or select_on: test")
+    if settings.metric == "train_loss" and trials and not trials[0].config.tracking.log_train_loss:  # (sweep-wide)
+        problems.append(f"{_where(file, lines, ('sweep', 'metric'))}: sweep.metric: 'train_loss' is not measured with "
+                        "tracking.log_train_loss: false; allowed: log_train_loss: true, or another metric")
     if settings.scheduler is not None and trials:
         grace = settings.scheduler.asha.grace_rounds
         short = [t for t in trials if t.config.rounds <= grace]

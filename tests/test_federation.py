@@ -234,6 +234,31 @@ def test_a_personalized_model_equal_to_the_global_one_is_scored_once_with_the_sa
             both[-1]["personalized_loss_mean"] != both[-1]["global_loss"]
 
 
+@pytest.mark.parametrize("algorithm", [{"name": "fedavg"}, {"name": "ditto", "coupling": 0.5}])
+@pytest.mark.parametrize("stacked", [False, True])
+def test_without_the_train_loss_every_other_number_is_the_same_and_the_training_parts_are_not_scored(algorithm, stacked, monkeypatch):
+    """``tracking.log_train_loss: false``: no ``train_loss`` at any evaluation, every other metric of every round
+    bit for bit, and one scoring pass a client and evaluation fewer (the global model on the training part)."""
+    from fedsweep import federation
+
+    calls = []
+    real = federation.score
+    monkeypatch.setattr(federation, "score", lambda *a, **k: calls.append(1) or real(*a, **k))
+    runs = {}
+    for log in (True, False):
+        cfg = validate(config_dict(algorithm=algorithm, rounds=3, eval_every=1, data={"validation_fraction": 0.25},
+                                   tracking={"log_train_loss": log}, resources={"vectorize_clients": stacked}))
+        calls.clear()
+        runs[log] = run_local(cfg)[0], len(calls)
+    (on, n_on), (off, n_off) = runs[True], runs[False]
+    evaluations = [m for m in on if "personalized_accuracy_mean" in m]
+    assert len(evaluations) == 4 and all("train_loss" in m and math.isfinite(m["train_loss"]) for m in evaluations)
+    assert not any("train_loss" in m for m in off)
+    assert [{k: v for k, v in m.items() if k not in ("train_loss", "wall_time_s")} for m in on] == \
+        [{k: v for k, v in m.items() if k != "wall_time_s"} for m in off]
+    assert n_on - n_off == len(evaluations) * cfg.num_clients
+
+
 def test_the_clients_of_a_process_share_one_module_per_architecture_and_keep_their_own_statistics():
     """On the CPU, Setup.flat_model builds the layers once per process and architecture: clients hold no parameters
     of their own beside their vectors; a batch-norm client's statistics stay its own; the numbers are those of

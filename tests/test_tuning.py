@@ -66,6 +66,18 @@ def test_val_metrics_each_evaluation_and_none_without_a_validation_part():
         assert 0 <= m[VAL + "personalized_accuracy_mean"] <= 1
 
 
+def test_a_sweep_ranked_by_the_train_loss_must_measure_it_in_every_trial(tmp_path):
+    body = config_dict(tracking={"log_train_loss": False})
+    body["sweep"] = {"metric": "train_loss", "mode": "min", "seeds": [0, 1]}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(body))
+    with pytest.raises(ConfigError, match=r"s.yaml:\d+: sweep.metric: 'train_loss' is not measured with "
+                                          r"tracking.log_train_loss: false; allowed: log_train_loss: true, or another metric"):
+        load_sweep(tmp_path / "s.yaml", check_cluster=False)
+    body["sweep"]["metric"] = "global_loss"
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(body))
+    assert len(load_sweep(tmp_path / "s.yaml", check_cluster=False).trials) == 2
+
+
 def test_select_on_validation_needs_a_validation_part_in_every_trial(tmp_path):
     body = config_dict(data={"validation_fraction": {"grid": [0.0, 0.2]}})
     body["sweep"] = {"select_on": "validation"}
