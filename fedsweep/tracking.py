@@ -65,7 +65,9 @@ def run_platform() -> str:
 @functools.cache
 def code_version() -> str:
     """fedsweep's commit when it runs from a git checkout (``+changes`` when files of the package differ from it),
-    else its version."""
+    else its version. Read once per process, when this module is imported (below): the checkout the process's
+    modules came from, though it moves on during a long sweep (a trial process reused by Tune after a ``git pull``
+    once tagged its runs with the new commit while it ran the code loaded before, 2026-11-27)."""
     import subprocess
 
     import fedsweep
@@ -73,11 +75,17 @@ def code_version() -> str:
     root = Path(fedsweep.__file__).resolve().parent.parent
     if (root / ".git").exists():
         git = lambda *args: subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30, check=False)
-        head = git("rev-parse", "--short=12", "HEAD")
-        if head.returncode == 0:
-            changed = git("status", "--porcelain", "--untracked-files=no", "--", "fedsweep").stdout.strip()
-            return head.stdout.strip() + ("+changes" if changed else "")
+        try:
+            head = git("rev-parse", "--short=12", "HEAD")
+            if head.returncode == 0:
+                changed = git("status", "--porcelain", "--untracked-files=no", "--", "fedsweep").stdout.strip()
+                return head.stdout.strip() + ("+changes" if changed else "")
+        except (OSError, subprocess.SubprocessError):  # no git command, or it hangs: the version says less, not nothing
+            pass
     return fedsweep.__version__
+
+
+code_version()
 
 
 def client(uri: str):

@@ -238,3 +238,16 @@ def test_a_tag_two_writers_set_at_once_is_stored_without_an_error(tracking_uri):
     assert errors == []
     tags = c.get_run(run_id).data.tags
     assert [tags[f"outcome{i}"] for i in range(30)] == ["stopped_early"] * 30
+
+
+def test_the_code_tag_is_read_when_the_module_is_imported():
+    """A process tags its runs with the checkout its modules were read from: code_version is computed at import
+    (a reused trial process once tagged runs with a commit pulled after it had loaded its code)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    probe = "import fedsweep.tracking as t; print(t.code_version.cache_info().currsize, t.code_version())"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT).stdout.split()
+    assert out[0] == "1" and out[1]
