@@ -318,9 +318,18 @@ KEY_OMITS_AT_DEFAULT: dict[tuple[str, str], Any] = {
 }
 
 
+#: The same, for fields one algorithm gained after its results were recorded (another algorithm has had them
+#: from the start, and keeps them in its keys): P-Avg's transform and the MAML transform's α and order.
+KEY_OMITS_AT_DEFAULT_OF: dict[str, dict[str, Any]] = {
+    "pavg": {"transform": "proto", "personalization_lr": 0.01, "maml_order": 1},
+}
+
+
 def without_new_defaults(section: str, fields: dict[str, Any]) -> dict[str, Any]:
-    """``fields`` (a dumped ``section``) without the :data:`KEY_OMITS_AT_DEFAULT` fields that are at their default."""
-    return {k: v for k, v in fields.items() if KEY_OMITS_AT_DEFAULT.get((section, k), object()) != v}
+    """``fields`` (a dumped ``section``) without the :data:`KEY_OMITS_AT_DEFAULT` (and, in the algorithm section,
+    :data:`KEY_OMITS_AT_DEFAULT_OF` its algorithm) fields that are at their default."""
+    own = KEY_OMITS_AT_DEFAULT_OF.get(fields.get("name"), {}) if section == "algorithm" else {}
+    return {k: v for k, v in fields.items() if KEY_OMITS_AT_DEFAULT.get((section, k), own.get(k, object())) != v}
 
 
 class ASHASettings(StrictModel):

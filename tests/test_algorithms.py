@@ -276,6 +276,14 @@ def test_pflscaf_first_round_with_zero_control_variates_is_fedavg():
     pavg = final_params({"name": "pavg", **COMMON}, rounds=1)
     proto = final_params({"name": "pflscaf", "transform": "proto", **COMMON}, rounds=1)
     assert torch.allclose(proto, pavg, atol=1e-6, rtol=0)
+    # P-Avg through the MAML transform (the PFL authors' Per-FedAvg: several inner steps, through them, clipped, with
+    # weight decay) is PFLScaf's MAML step without control variates
+    maml = {"transform": "maml", "personalization_lr": 0.05, "maml_steps": 3, "maml_order": 2, "clip_norm": 0.5,
+            "weight_decay": 1e-3, **COMMON}
+    pavg = final_params({"name": "pavg", **maml}, rounds=1)
+    scaf = final_params({"name": "pflscaf", **maml}, rounds=1)
+    assert torch.allclose(scaf, pavg, atol=1e-6, rtol=0)
+    assert not torch.allclose(pavg, final_params({"name": "pavg", **COMMON}, rounds=1), atol=1e-3)
 
 
 def test_scaffold_control_variate_rule():
@@ -407,8 +415,8 @@ def test_every_algorithm_declares_its_hyperparameters():
         assert "local_steps" in fields and "participation_rate" in fields
     with pytest.raises(Exception, match="unknown key 'mu'"):
         cfg_for({"name": "fedavg", "mu": 0.1})
-    with pytest.raises(Exception, match="unknown key 'personalization_lr'"):
-        cfg_for({"name": "pavg", "personalization_lr": 0.1})
+    with pytest.raises(Exception, match="unknown key 'lambda'"):
+        cfg_for({"name": "pavg", "lambda": 0.1})
     with pytest.raises(Exception, match="unknown key 'aggregation'"):
         cfg_for({"name": "feddyn", "aggregation": "uniform"})  # the paper's server takes the plain mean
     with pytest.raises(Exception, match="unknown key 'lambda'"):
