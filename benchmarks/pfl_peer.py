@@ -15,7 +15,9 @@ What is timed is what a user waits for: the whole command, interpreter start to 
 
   fedsweep  ``fedsweep run single.yaml`` / ``fedsweep sweep grid.yaml`` (Ray, actors, Tune for the grid, every
             metric of every round in MLflow, a SQLite store; for the grid also its table and report), once per
-            layout given with ``--layouts``
+            layout given with ``--layouts``; ``tracking.log_train_loss: false`` (since 2026-11-27, thirty-third
+            session): the peers do not score the global model on every client's training part, so fedsweep does
+            not either
   pfl       ``python benchmarks/pfl_run.py ...`` in pfl's virtual environment, one process per setting; the grid
             as 16 such commands two at a time (a pool of 2), each process with 1 torch thread (2 with ``single``
             unless ``--pfl-threads``)
@@ -78,7 +80,8 @@ def experiment(rounds: int, lr: float | dict, seed: int, layout: str, db: Path, 
         "algorithm": {"name": "fedavg", "local_lr": lr, "participation_rate": 0.5, "local_steps": 10, "batch_size": 20},
         "rounds": rounds, "eval_every": EVAL_EVERY,
         "resources": dict(LAYOUTS[layout]),
-        "tracking": {"experiment": "peer", "tracking_uri": f"sqlite:///{db}"},
+        # equal work: pfl-research and Flower score the pooled test set only, not every client's training part
+        "tracking": {"experiment": "peer", "tracking_uri": f"sqlite:///{db}", "log_train_loss": False},
     }
 
 
