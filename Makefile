@@ -36,7 +36,7 @@ lint: $(STAMP)
 
 # pytest exits 5 when it collects no test; that is a failure here, as is any other non-zero code.
 # Three pytest workers, a test file each at a time (--dist loadfile: a module's shared sweep or server runs once):
-# on 2 cores, 831 s against 928 s with two, the same hour; 710 s at 0e83ced (docs/performance.md, targets). PYTEST_ARGS="-n 0" runs one.
+# on 2 cores, 831 s against 928 s with two, the same hour; 746.6 s at 3e71fda (docs/performance.md, targets). PYTEST_ARGS="-n 0" runs one.
 # Files go out in the order tests/conftest.py sorts them (heaviest first), not xdist's (most tests first).
 XDIST := -n 3 --dist loadfile --no-loadscope-reorder
 test: $(STAMP) lint test-services

@@ -32,6 +32,12 @@ each sampled client's minibatches are exported once from fedsweep (``export``; n
 must be equal; the script exits 1 if any differs by more than ``--tolerance`` (default 0: to the last digit).
 
     python3.11 -m venv ../venv-pfl && ../venv-pfl/bin/pip install "pfl[pytorch]==0.6.0" torch==2.13.0
+    # issue 35's targets (docs/performance.md, targets and section 9): each workload, the single run and the grid
+    python benchmarks/pfl_peer.py --rounds 50  --repeats 3 --only single --layouts default --workload powerlaw
+    python benchmarks/pfl_peer.py --rounds 200 --repeats 3 --only grid   --layouts default --workload powerlaw
+    python benchmarks/pfl_peer.py --rounds 50  --repeats 3 --only single --layouts default --workload dirichlet
+    python benchmarks/pfl_peer.py --rounds 200 --repeats 3 --only grid   --layouts default --workload dirichlet
+    # earlier ones (issue 23, the capped workload; Flower beside)
     python benchmarks/pfl_peer.py --rounds 50 --repeats 3
     python benchmarks/pfl_peer.py --rounds 200 --repeats 3 --workload powerlaw --flower-python ../venv-flower/bin/python
     python benchmarks/pfl_peer.py --rounds 200 --repeats 3 --only grid

@@ -130,6 +130,31 @@ def test_the_same_seed_repeats_bit_for_bit_in_process(name):
         assert torch.equal(s1.params, s2.params)
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_the_one_process_path_repeats_the_in_process_numbers(name):
+    """The path of ``fedsweep run`` and of every trial whose layout is one process (``make demo``'s: the ServerActor's
+    class in the calling process, a worker pool of one, no Ray; ``fedsweep.experiment.InProcessRunner``), stacked
+    where the algorithm declares it (as the automatic layout chooses for an MLP) and one by one: twice each, every
+    round's metrics and the global vector bit for bit those of ``run_local``."""
+    from fedsweep.experiment import InProcessRunner, one_process
+
+    pool_of_one = {"server_cpus": 0.2, "client_cpus": 0.8, "client_workers": 1}
+    cfg = config(name)
+    for vectorize in [False, True] if ALGORITHMS[name](cfg.algorithm).can_vectorize() else [False]:
+        c = validate({**cfg.model_dump(), "resources": {**cfg.resources.model_dump(), **pool_of_one,
+                                                         "vectorize_clients": vectorize}})
+        assert one_process(c)
+        local, server = run_local(c)
+        for _ in range(2):
+            runner = InProcessRunner(c)
+            try:
+                runner.start()
+                assert exactly(list(runner.rounds(pipelined=True))) == exactly(local), (name, vectorize)
+                assert np.array_equal(runner.server.global_params(), server.params.numpy()), (name, vectorize)
+            finally:
+                runner.stop()
+
+
 @pytest.mark.parametrize("name", [n for n in NAMES if ALGORITHMS[n].fedavg_reduction is not None])
 def test_the_declared_reduction_to_fedavg_holds(name):
     fedavg = config("fedavg", local_lr=0.1)
@@ -176,21 +201,25 @@ def test_global_metrics_exist_exactly_when_there_is_a_global_model(name):
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize("layout", [{"clients_per_actor": 2}, {"client_workers": 2}], ids=["blocks", "workers"])
+@pytest.mark.parametrize("layout", [{"clients_per_actor": 2}, {"clients_per_actor": 2, "vectorize_clients": True},
+                                    {"client_workers": 2}], ids=["blocks", "blocks-stacked", "workers"])
 def test_every_algorithm_gives_the_same_numbers_in_process_and_on_actors(ray_session, layout):
     """One ServerActor and two ClientActors, reset to each algorithm in turn (a sweep's warm actors), the clients in
-    blocks of two (each always on its actor) or spread over a pool of two workers: every algorithm, run twice,
-    gives the in-process run's history and global vector to the last bit; FedAvg and FedBN again on a model with
-    batch normalization (statistics shared with the global model, or kept by each client)."""
+    blocks of two (each always on its actor; one by one, or stacked by every algorithm that declares it can) or
+    spread over a pool of two workers: every algorithm, run twice, gives the in-process run's history and global
+    vector to the last bit; FedAvg and FedBN again on a model with batch normalization (statistics shared with the
+    global model, or kept by each client)."""
     from fedsweep.experiment import ExperimentRunner
 
     def on_actors(cfg):
         return validate({**cfg.model_dump(), "resources": {**cfg.resources.model_dump(), **layout}})
 
+    names = [n for n in NAMES if not layout.get("vectorize_clients") or ALGORITHMS[n](config(n).algorithm).can_vectorize()]
+    models = [("fedavg", "batch"), ("fedbn", "batch")] if not layout.get("vectorize_clients") else []
     runner = ExperimentRunner(on_actors(config(NAMES[0])))
     try:
         runner.start()
-        for name, norm in [(n, "none") for n in NAMES] + [("fedavg", "batch"), ("fedbn", "batch")]:
+        for name, norm in [(n, "none") for n in names] + models:
             cfg = on_actors(config(name, norm=norm))
             local, server = run_local(cfg)
             for _ in range(2):
