@@ -134,8 +134,9 @@ def test_the_same_seed_repeats_bit_for_bit_in_process(name):
 def test_the_one_process_path_repeats_the_in_process_numbers(name):
     """The path of ``fedsweep run`` and of every trial whose layout is one process (``make demo``'s: the ServerActor's
     class in the calling process, a worker pool of one, no Ray; ``fedsweep.experiment.InProcessRunner``), stacked
-    where the algorithm declares it (as the automatic layout chooses for an MLP) and one by one: twice each, every
-    round's metrics and the global vector bit for bit those of ``run_local``."""
+    where the algorithm declares it (the automatic layout's choice for an MLP, but for the proto transform, which it
+    leaves one by one) and one by one: twice each, every round's metrics and the global vector bit for bit those of
+    ``run_local``."""
     from fedsweep.experiment import InProcessRunner, one_process
 
     pool_of_one = {"server_cpus": 0.2, "client_cpus": 0.8, "client_workers": 1}
