@@ -84,12 +84,16 @@ def assert_runs_equal_run_local(trials, runs, keys=("personalized_accuracy_mean"
             assert run.data.metrics[key] == pytest.approx(reference[key], rel=rel, abs=absolute), (run.info.run_name, key)
 
 
-def stacked(cfg):
-    """``cfg`` with all its clients in one block trained as one stacked computation (``vectorize_clients``)."""
+def with_resources(cfg, **fields):
+    """``cfg`` validated again with ``fields`` set in its resources section."""
     from fedsweep.loading import validate
 
-    resources = {**cfg.resources.model_dump(), "clients_per_actor": cfg.data.num_clients, "vectorize_clients": True}
-    return validate({**cfg.model_dump(), "resources": resources})
+    return validate({**cfg.model_dump(), "resources": {**cfg.resources.model_dump(), **fields}})
+
+
+def stacked(cfg):
+    """``cfg`` with all its clients in one block trained as one stacked computation (``vectorize_clients``)."""
+    return with_resources(cfg, clients_per_actor=cfg.data.num_clients, vectorize_clients=True)
 
 
 #: Seconds each test file took in `make test` (`--durations`, summed per file; 2 cores, 2026-11-26, reference 0.90 s).

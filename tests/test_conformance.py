@@ -20,7 +20,7 @@ from fedsweep.engine import Engine, run_local
 from fedsweep.federation import compute_threads
 from fedsweep.loading import validate
 from fedsweep.storage import Storage
-from tests.conftest import config_dict, stacked
+from tests.conftest import config_dict, stacked, with_resources
 
 NAMES = sorted(ALGORITHMS)
 
@@ -34,6 +34,11 @@ def config(name: str, rounds: int = 4, norm: str = "none", **algorithm):
         algorithm={"_replace": True, "name": name, "local_steps": 2, "batch_size": 8, "participation_rate": 0.5, **algorithm},
         rounds=rounds, eval_every=2,
     ))
+
+
+def stacks(name: str) -> bool:
+    """Whether ``name`` declares that its clients can train as one stacked computation."""
+    return ALGORITHMS[name](config(name).algorithm).can_vectorize()
 
 
 def equal_states(a, b) -> bool:
@@ -106,7 +111,7 @@ def exactly(history: list[dict]) -> str:
 @pytest.mark.parametrize("name", NAMES)
 def test_stacked_training_equals_one_by_one_where_declared(name):
     cfg = config(name)
-    if not ALGORITHMS[name](cfg.algorithm).can_vectorize():
+    if not stacks(name):
         raw = cfg.model_dump()
         raw["resources"]["vectorize_clients"] = True
         with pytest.raises(Exception, match="vectorize_clients"):
@@ -124,7 +129,7 @@ def test_the_same_seed_repeats_bit_for_bit_in_process(name):
     """Same seed, same config -> the same numbers: every round's metrics and the final global vector of two runs,
     one by one and (where declared) stacked. The Ray paths are checked against these runs below."""
     cfg = config(name)
-    for c in [cfg, stacked(cfg)] if ALGORITHMS[name](cfg.algorithm).can_vectorize() else [cfg]:
+    for c in [cfg, stacked(cfg)] if stacks(name) else [cfg]:
         (h1, s1), (h2, s2) = run_local(c), run_local(c)
         assert exactly(h1) == exactly(h2)
         assert torch.equal(s1.params, s2.params)
@@ -139,11 +144,8 @@ def test_the_one_process_path_repeats_the_in_process_numbers(name):
     ``run_local``."""
     from fedsweep.experiment import InProcessRunner, one_process
 
-    pool_of_one = {"server_cpus": 0.2, "client_cpus": 0.8, "client_workers": 1}
-    cfg = config(name)
-    for vectorize in [False, True] if ALGORITHMS[name](cfg.algorithm).can_vectorize() else [False]:
-        c = validate({**cfg.model_dump(), "resources": {**cfg.resources.model_dump(), **pool_of_one,
-                                                         "vectorize_clients": vectorize}})
+    for vectorize in [False, True] if stacks(name) else [False]:
+        c = with_resources(config(name), server_cpus=0.2, client_cpus=0.8, client_workers=1, vectorize_clients=vectorize)
         assert one_process(c)
         local, server = run_local(c)
         for _ in range(2):
@@ -213,9 +215,9 @@ def test_every_algorithm_gives_the_same_numbers_in_process_and_on_actors(ray_ses
     from fedsweep.experiment import ExperimentRunner
 
     def on_actors(cfg):
-        return validate({**cfg.model_dump(), "resources": {**cfg.resources.model_dump(), **layout}})
+        return with_resources(cfg, **layout)
 
-    names = [n for n in NAMES if not layout.get("vectorize_clients") or ALGORITHMS[n](config(n).algorithm).can_vectorize()]
+    names = [n for n in NAMES if not layout.get("vectorize_clients") or stacks(n)]
     models = [("fedavg", "batch"), ("fedbn", "batch")] if not layout.get("vectorize_clients") else []
     runner = ExperimentRunner(on_actors(config(NAMES[0])))
     try:
