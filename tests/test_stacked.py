@@ -4,15 +4,18 @@ reaches the same model as the one-by-one path (in process, no Ray)."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
+import torch.nn.functional as F
 
 from fedsweep.algorithms.base import ClientContext, ClientData, grad
 from fedsweep.algorithms.stacked import PAD, StackedContext, pad_stack
 from fedsweep.config import ConfigError
 from fedsweep.engine import run_local
 from fedsweep.loading import validate
-from fedsweep.models import FlatModel, MLPConfig, build_model
+from fedsweep.models import CNNConfig, FlatModel, MLPConfig, MLRConfig, build_model
 from tests.conftest import config_dict
 
 
@@ -31,6 +34,48 @@ def test_pad_stack_keeps_each_batch_and_marks_padding():
     xs, ys = pad_stack([(torch.ones(2, 3), torch.tensor([1, 2])), (torch.full((4, 3), 2.0), torch.tensor([0, 1, 2, 0]))])
     assert xs.shape == (2, 4, 3) and ys.tolist() == [[1, 2, PAD, PAD], [0, 1, 2, 0]]
     assert torch.equal(xs[0, :2], torch.ones(2, 3)) and torch.equal(xs[1], torch.full((4, 3), 2.0))
+
+
+def test_pad_stack_of_whole_batches_is_their_stack():
+    batches = [(torch.randn(4, 3), torch.tensor([0, 1, 2, 0])), (torch.randn(4, 3), torch.tensor([2, 2, 1, 0]))]
+    xs, ys = pad_stack(batches)
+    assert torch.equal(xs, torch.stack([x for x, _ in batches])) and torch.equal(ys, torch.stack([y for _, y in batches]))
+
+
+def _values_and_gradient(f, w, x, y):
+    """f(w, x)'s outputs and the gradient of their cross-entropy against ``y`` (PAD ignored), at a copy of ``w``."""
+    w = w.clone().requires_grad_(True)
+    out = f(w, x)
+    loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1), ignore_index=PAD)
+    (g,) = torch.autograd.grad(loss, w)
+    return out.detach(), g
+
+
+@pytest.mark.parametrize("cfg", [MLPConfig(hidden=[20]), MLPConfig(hidden=[9, 5], activation="elu"),
+                                 MLPConfig(hidden=[4], activation="tanh"), MLRConfig()], ids=lambda c: f"{c.name}")
+def test_a_plain_model_runs_layer_by_layer_bit_for_bit_as_functional_call_and_vmap(cfg):
+    """MLR and MLPs skip functional_call (one vector, and its features) and vmap (rows): the same values and
+    gradients to the last bit, for every shape of rows, batch and inputs tried, padding included."""
+    model = FlatModel(build_model(cfg, 12, 4))
+    assert model._layers is not None
+    general = FlatModel(build_model(cfg, 12, 4))
+    general._layers = None  # the general path: functional_call, under vmap for rows
+    for rows, size in itertools.product((1, 3, 10), (1, 5, 20)):
+        g = torch.Generator().manual_seed(rows * 100 + size)
+        w = 0.3 * torch.randn(rows, model.numel, generator=g)
+        x, y = torch.randn(rows, size, 12, generator=g), torch.randint(0, 4, (rows, size), generator=g)
+        y[0, size // 2 + 1:] = PAD
+        fast = _values_and_gradient(model.rows, w, x, y)
+        slow = _values_and_gradient(torch.func.vmap(general), w, x, y)
+        assert torch.equal(fast[0], slow[0]) and torch.equal(fast[1], slow[1])
+        one, other = (_values_and_gradient(m, w[0], x[0], y[0]) for m in (model, general))
+        assert torch.equal(one[0], other[0]) and torch.equal(one[1], other[1])
+        assert torch.equal(model.features(w[0], x[0]), general.features(w[0], x[0]))
+
+
+def test_models_with_state_or_convolutions_keep_the_general_path():
+    assert FlatModel(build_model(MLPConfig(hidden=[4], norm="batch"), 12, 4))._layers is None
+    assert FlatModel(build_model(CNNConfig(channels=[2, 2], hidden=[4], kernel_size=3), 256, 4))._layers is None
 
 
 def test_stacked_loss_and_gradient_are_each_clients_own():

@@ -134,7 +134,7 @@ class ClientContext:
         if batch_size is None or batch_size >= n:
             return x, y
         idx = torch.randperm(n, generator=self.generator)[:batch_size].to(x.device)
-        return x[idx], y[idx]
+        return x.index_select(0, idx), y.index_select(0, idx)  # x[idx]'s rows, with less of its overhead
 
 
 @dataclass

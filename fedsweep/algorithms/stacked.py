@@ -36,6 +36,8 @@ PAD = -100
 def pad_stack(batches: list[Batch]) -> Batch:
     """[(x_c, y_c)] of unequal lengths → (X [C, B, …], Y [C, B]) with B the largest length; padding has label PAD."""
     size = max(int(y.shape[0]) for _, y in batches)
+    if all(int(y.shape[0]) == size for _, y in batches):  # nothing to pad (every client drew a whole batch)
+        return torch.stack([x for x, _ in batches]), torch.stack([y for _, y in batches])
     x0, y0 = batches[0]
     xs = x0.new_zeros((len(batches), size, *x0.shape[1:]))
     ys = torch.full((len(batches), size), PAD, dtype=y0.dtype, device=y0.device)
@@ -58,7 +60,7 @@ class StackedContext:
     def loss(self, params: torch.Tensor, batch: Batch) -> torch.Tensor:
         """(f_c(w_c; D_c))_c: each client's mean cross-entropy on its own (unpadded) samples."""
         x, y = batch
-        logits = torch.func.vmap(self.model)(params, x)
+        logits = self.model.rows(params, x)
         per_sample = F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=PAD, reduction="none")
         return per_sample.view(y.shape).sum(1) / (y != PAD).sum(1).clamp(min=1)
 
