@@ -240,7 +240,8 @@ class RunLogger:
     def log_round(self, metrics: dict[str, float]) -> None:
         """A round's metrics, held until the next evaluation round, which hands them all to the writer in one
         call (one store round trip per evaluation interval instead of one per round; docs/performance.md,
-        section 5); :meth:`flush` hands them sooner (checkpoints), :meth:`finish` at the end and on failure.
+        section 5) and goes on training while the writer's thread writes them; :meth:`flush` hands them sooner
+        and waits until they are written (checkpoints), :meth:`finish` at the end and on failure.
         Raises :class:`~fedsweep.metric_writer.TrackingOutage` once the server has not taken metrics for
         ``tracking.outage_limit_s``."""
         from mlflow.entities import Metric
@@ -257,15 +258,18 @@ class RunLogger:
         if "personalized_accuracy_mean" in metrics:  # an evaluation round
             self.history.append(metrics)
         if "personalized_accuracy_mean" in metrics or self._pending_count >= _FLUSH_AT:
-            self.flush()
+            self._hand_over()
         self.writer.check()
+
+    def _hand_over(self) -> None:
+        self.writer.put(self.pending)
+        self.pending, self._pending_count = [], 0
 
     def flush(self) -> bool:
         """Hand the rounds held by :meth:`log_round` to the writer and wait while it writes them: True once the
         run holds every round logged so far; False, without waiting, while the server does not answer (an
         outage: the writer holds them and writes them when it answers again)."""
-        self.writer.put(self.pending)
-        self.pending, self._pending_count = [], 0
+        self._hand_over()
         return self.writer.wait(until_written=False)
 
     def stopped_by_scheduler(self) -> bool:
@@ -291,8 +295,7 @@ class RunLogger:
         try:
             if self.writer.gave_up:
                 return
-            self.writer.put(self.pending)
-            self.pending, self._pending_count = [], 0
+            self._hand_over()
             self.writer.wait()
         finally:
             self.writer.close()

@@ -30,7 +30,8 @@ def test_setting_label_leaves_out_seed_and_name():
 
 def test_rounds_are_written_at_evaluations_checkpoints_and_the_end_and_none_is_lost(tmp_path):
     """A run's per-round metrics go to the store in one call per evaluation interval: held until the next
-    evaluation round (or a flush: checkpoints), the rest written by finish, also on failure."""
+    evaluation round, which hands them to the writer's thread and goes on (a flush, before a checkpoint, waits
+    until they are written), the rest written by finish, also on failure."""
     from fedsweep.engine import run_local
     from fedsweep.loading import validate
     from fedsweep.tracking import RunLogger, client, ensure_experiment
@@ -44,9 +45,9 @@ def test_rounds_are_written_at_evaluations_checkpoints_and_the_end_and_none_is_l
     stored = lambda: sorted(m.step for m in c.get_metric_history(log.run_id, "uploads"))
     for metrics in history[:3]:  # rounds 0 (an evaluation), 1, 2
         log.log_round(metrics)
-    assert stored() == [0] and log.logged_through == 2
+    assert log.writer.wait() and stored() == [0] and log.logged_through == 2
     log.log_round(history[3])  # round 3, an evaluation: rounds 1-3 in one write
-    assert stored() == [0, 1, 2, 3]
+    assert len(log.pending) == 0 and log.writer.wait() and stored() == [0, 1, 2, 3]
     log.log_round(history[4])
     log.flush()  # as execute does before saving a checkpoint
     assert stored() == [0, 1, 2, 3, 4]
