@@ -71,3 +71,13 @@ def test_the_trial_split_script_times_an_evaluation_and_the_training_rounds(tmp_
     assert out["algorithm"] == "ditto" and out["evaluations"] == 3  # rounds 0, 3 and 6
     assert out["evaluation_s"] > 0 and out["training_round_s"] > 0
     assert out["trial_training_s"] == pytest.approx(6 * out["training_round_s"], abs=0.06)  # both rounded
+
+
+def test_the_plain_forward_script_times_both_paths_and_finds_the_same_metrics():
+    """``benchmarks/plain_forward.py`` on the generated powerlaw workload, a few rounds: both layouts timed on both
+    paths, every round's metrics the same on the direct path as on functional_call / vmap."""
+    from benchmarks.plain_forward import main
+
+    out = main(["--workload", "powerlaw", "--rounds", "3", "--repeats", "1"])
+    for layout in ("stacked", "one by one"):
+        assert out[layout]["same_metrics"] and out[layout]["general_s"] > 0 and out[layout]["direct_s"] > 0
