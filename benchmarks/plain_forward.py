@@ -32,7 +32,19 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--rounds", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args(argv)
+    import torch
+
+    data_dir, threads = os.environ.get("FEDSWEEP_DATA_DIR"), torch.get_num_threads()
     os.environ.setdefault("FEDSWEEP_DATA_DIR", str(ROOT.parent / "shared" / "data"))
+    try:
+        return _measure(args)
+    finally:  # called from a test's process: left as found
+        torch.set_num_threads(threads)
+        if data_dir is None:
+            os.environ.pop("FEDSWEEP_DATA_DIR", None)
+
+
+def _measure(args) -> dict:
     import torch
 
     from benchmarks.pfl_peer import SINGLE, experiment

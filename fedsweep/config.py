@@ -88,7 +88,7 @@ class ResourcesConfig(StrictModel):
     vectorize_clients: bool = Field(
         False,
         description="Train the clients packed in one actor as one batched computation (torch.func.vmap over "
-        "their stacked parameters) instead of one after the other; same samples, same numbers up to "
+        "their stacked parameters, or its batched products for an MLR or MLP) instead of one after the other; same samples, same numbers up to "
         "floating-point summation order. Not for an algorithm whose step is not elementwise per client (refused "
         "before anything runs, with the names of those algorithms).",
     )

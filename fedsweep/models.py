@@ -221,7 +221,8 @@ class FlatModel:
 
     The vector's slices are viewed as the module's parameter shapes and passed to
     :func:`torch.func.functional_call`, so gradients (and Hessian-vector products)
-    are taken with respect to the flat vector directly.
+    are taken with respect to the flat vector directly. A plain model (MLR, an MLP without normalization) is
+    applied layer by layer on the same views instead (:meth:`_plain`, :meth:`rows`): the same numbers bit for bit.
     """
 
     def __init__(self, module: nn.Module):
@@ -342,8 +343,8 @@ class FlatModel:
         """The model of each row of ``matrix`` [C, P] on its own inputs ``x`` [C, B, …]: ``vmap(self)(matrix, x)``.
         A plain model (:meth:`_plain`) runs as the batched products that vmap's rule for ``F.linear`` computes
         (``matmul`` of the inputs with the transposed weights, then the bias), bit for bit vmap's values and
-        gradients without its per-call wrapping (tested, ``tests/test_models.py``)."""
-        if self._layers is None:
+        gradients without its per-call wrapping (tested, ``tests/test_stacked.py``)."""
+        if self._layers is None or x.dim() != 3:  # [C, B, features] only: matmul would broadcast other shapes
             return torch.func.vmap(self)(matrix, x)
         count = matrix.shape[0]
         params = dict(zip(self.names, (part.view(count, *shape) for shape, part in zip(self.shapes, matrix.split(self.numels, dim=-1)))))
@@ -369,11 +370,11 @@ _STATELESS = tuple(ACTIVATIONS.values())
 
 def _plain_layers(module: nn.Module) -> list[tuple[str, nn.Module]] | None:
     """(name, layer) of a linear layer or a sequence of linear layers and stateless activations, else None."""
-    if isinstance(module, nn.Linear):
+    if type(module) is nn.Linear:  # not a subclass or a parametrized layer, whose parameters are named otherwise
         return [("", module)]
-    if not isinstance(module, nn.Sequential) or any(True for _ in module.buffers()):
+    if type(module) is not nn.Sequential or any(True for _ in module.buffers()):
         return None
-    layers = list(module.named_children())
+    layers = list(module._modules.items())  # every entry, a module used twice included (named_children lists it once)
     if not layers or any(type(m) is not nn.Linear and type(m) not in _STATELESS for _, m in layers):
         return None
     return layers

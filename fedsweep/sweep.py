@@ -128,6 +128,8 @@ def _experiment(cfg: ExperimentConfig, overrides: dict, index: int, tracking: di
         if "personalized_accuracy_mean" in metrics or metrics.get("diverged"):  # an evaluation round
             last.clear()
             last.update({k: float(v) for k, v in metrics.items()})
+            if tracking.get("scheduler"):  # the scheduler may stop the trial on this report, and its process may end
+                logger.writer.wait(until_written=False)  # before the writer's thread wrote the rounds: written first
             to_tune(dict(last))
 
     def save_and_report(metrics: dict[str, float], checkpoint: dict) -> None:

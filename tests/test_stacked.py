@@ -78,6 +78,16 @@ def test_models_with_state_or_convolutions_keep_the_general_path():
     assert FlatModel(build_model(CNNConfig(channels=[2, 2], hidden=[4], kernel_size=3), 256, 4))._layers is None
 
 
+def test_the_direct_path_applies_a_module_used_twice_and_rows_of_other_shapes_as_the_general_path():
+    act = torch.nn.Tanh()  # one instance in two places: named_children lists it once
+    module = torch.nn.Sequential(torch.nn.Linear(6, 5), act, torch.nn.Linear(5, 5), act, torch.nn.Linear(5, 3))
+    model, general = FlatModel(module), FlatModel(module)
+    general._layers = None
+    w, x = torch.randn(4, model.numel), torch.randn(4, 6)
+    assert torch.equal(model(w[0], x), general(w[0], x))
+    assert torch.equal(model.rows(w, x), torch.func.vmap(general)(w, x))  # [C, features]: one sample a row
+
+
 def test_stacked_loss_and_gradient_are_each_clients_own():
     """Unequal sizes (3 < batch 8 ≤ 11, 30): row c of ∇Σ_c f_c is ∇f_c(w_c; D_c); the same minibatches are drawn."""
     model, ctxs = contexts([3, 11, 30])

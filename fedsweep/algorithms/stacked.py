@@ -6,7 +6,8 @@ client c's w) and an algorithm's :meth:`~fedsweep.algorithms.base.Algorithm.clie
 a :class:`StackedContext` instead of C times on a :class:`~fedsweep.algorithms.base.ClientContext`:
 
 - ``loss(W, batch)`` is the vector (f_1(w_1; D_1), …, f_C(w_C; D_C)); the model is applied row by row
-  with :func:`torch.func.vmap`. Since f_c depends on row c only, ∇_W Σ_c f_c has ∇f_c(w_c; D_c) in
+  (:meth:`~fedsweep.models.FlatModel.rows`: :func:`torch.func.vmap`, or for a plain model the batched products
+  vmap computes). Since f_c depends on row c only, ∇_W Σ_c f_c has ∇f_c(w_c; D_c) in
   row c, so :func:`~fedsweep.algorithms.base.grad` returns every client's own gradient at once (and a
   Hessian-vector product of the sum is block-diagonal, client by client, likewise).
 - ``batch`` draws each client's minibatch with that client's own generator, in the same order as the
