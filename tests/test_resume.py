@@ -201,7 +201,7 @@ def test_a_sweep_stopped_with_ctrl_c_reruns_its_stopped_trials_on_resume(tmp_pat
     parent run ends KILLED and the command exits 130 saying how to go on; --resume reruns the trial to its last
     round, with an uninterrupted run's numbers."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    body = config_dict(algorithm={"local_lr": {"grid": [0.1, 0.05]}, "local_steps": 150}, rounds=6, eval_every=2,
+    body = config_dict(algorithm={"local_lr": {"grid": [0.1, 0.05]}, "local_steps": 600}, rounds=6, eval_every=2,
                        resources={"cluster_cpus": 2, "client_workers": 1}, tracking={"experiment": "resume", "tracking_uri": uri})
     body["sweep"] = {"name": "c", "max_concurrent_trials": 1, "storage_path": str(tmp_path / "ray_results")}
     path = tmp_path / "c.yaml"
