@@ -296,7 +296,9 @@ class FlatModel:
     def unflatten(self, vector: torch.Tensor) -> dict[str, torch.Tensor]:
         # one split, not a slice per parameter: the gradient flows back as one concatenation, where each slice's
         # backward writes a zero vector of the whole length (1.45x a step of a 1.6M-parameter CNN on the CPU)
-        return {name: part.view(shape) for name, shape, part in zip(self.names, self.shapes, vector.split(self.numels))}
+        # a matrix of stacked rows [C, P] gives each parameter with a leading C (:meth:`rows`)
+        lead = vector.shape[:-1]
+        return {name: part.view(*lead, *shape) for name, shape, part in zip(self.names, self.shapes, vector.split(self.numels, dim=-1))}
 
     def _tensors(self, vector: torch.Tensor, keep=None) -> dict[str, torch.Tensor]:
         """Parameters (views of ``vector``) and statistics (views of :attr:`stats`, updated in place while
@@ -346,8 +348,7 @@ class FlatModel:
         gradients without its per-call wrapping (tested, ``tests/test_stacked.py``)."""
         if self._layers is None or x.dim() != 3:  # [C, B, features] only: matmul would broadcast other shapes
             return torch.func.vmap(self)(matrix, x)
-        count = matrix.shape[0]
-        params = dict(zip(self.names, (part.view(count, *shape) for shape, part in zip(self.shapes, matrix.split(self.numels, dim=-1)))))
+        params = self.unflatten(matrix)
         for name, layer in self._layers:
             if isinstance(layer, nn.Linear):
                 prefix = f"{name}." if name else ""
