@@ -1,17 +1,19 @@
 """Benchmark — where the seconds of ``fedsweep run`` go, before the first round and after the last.
 
 Runs the steps of ``fedsweep run FILE`` (``fedsweep.cli.cmd_run``) one after the other in a fresh process on
-cores 0-1 and prints the time since the interpreter started at the end of each: importing fedsweep, reading
-and checking the file, importing Ray, starting Ray while MLflow's store opens in a thread
-(``fedsweep.tracking.warm_up``), the MLflow run, the actors up with round 0 (evaluation of the initial model),
-round 1, the remaining rounds with the run's end in MLflow, and ``ray.shutdown()`` (which the command's exit
-runs). Three variants, alternated: ``on Ray`` (the path of a layout with processes to place), ``sequential``
-(the same, MLflow's store opened before Ray starts, as before the overlap) and ``in process`` (what the command
-does with a layout of one process, ``fedsweep.experiment.runs_in_process``: the server and its clients built in
-this process while MLflow's store opens, no Ray). The default file is the peer workload (issue 23) without a
-layout: the stacked worker pool of one is chosen, which runs in process; the Ray variants run it on Ray.
+cores 0-1 and prints the time since the interpreter started at the end of each: the tracking process started
+(:mod:`fedsweep.tracking_process`, which imports MLflow while this process goes on), importing fedsweep (torch
+with it), reading and checking the file, importing Ray, the clients built (in process) or Ray started, the MLflow
+run created by the child, round 0 (evaluation of the initial model), round 1, the remaining rounds with the run's
+end in MLflow, and ``ray.shutdown()`` (which the command's exit runs). Three variants, alternated: ``in process``
+(what the command does with a layout of one process, ``fedsweep.experiment.runs_in_process``: the server and its
+clients built in this process, no Ray), ``in process, MLflow in a thread`` (the same with the run logged in this
+process, MLflow's store opened in a thread while the clients are built: the command before 2026-11-27's
+tracking process) and ``on Ray`` (the path of a layout with processes to place). The default file is the peer
+benchmark's single run of ``--workload`` without a layout: the stacked worker pool of one is chosen, which runs in
+process; the Ray variant runs it on Ray.
 
-    python benchmarks/startup.py --repeats 3 [--file F] [--fresh-store]
+    python benchmarks/startup.py --repeats 3 [--workload dirichlet] [--file F] [--fresh-store]
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ T0 = time.perf_counter()
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-VARIANTS = ("on Ray", "sequential", "in process")
+VARIANTS = ("in process", "in process, MLflow in a thread", "on Ray")
 
 
 def worker(path: str, variant: str) -> dict:
@@ -36,6 +38,12 @@ def worker(path: str, variant: str) -> dict:
     def mark(step: str) -> None:
         marks[step] = round(time.perf_counter() - T0, 3)
 
+    in_thread = variant == "in process, MLflow in a thread"
+    if not in_thread:
+        from fedsweep.tracking_process import TrackingProcess
+
+        tracker = TrackingProcess()
+        mark("tracking process started")
     import fedsweep.cli  # noqa: F401 - what the command imports first
     mark("import fedsweep")
     from fedsweep.loading import load_experiment
@@ -44,25 +52,30 @@ def worker(path: str, variant: str) -> dict:
     mark("file read and checked")
     from fedsweep.config import resolve_tracking_uri
     from fedsweep.experiment import InProcessRunner, check_cluster, connect_ray, execute
-    from fedsweep.tracking import RunLogger, ensure_experiment, warm_up
+    from fedsweep.tracking import RunLogger, ensure_experiment, run_record, warm_up
 
     mark("import Ray")
     uri = resolve_tracking_uri(cfg.tracking.tracking_uri)
-    ready = warm_up(uri)
     runner = None
-    if variant == "in process":
-        runner = InProcessRunner(cfg)
-        runner.start()
-        mark("server and clients built")
-    else:
-        if variant == "sequential":  # as before the overlap: MLflow's store opened, then Ray started
-            ready.join()
+    if variant == "on Ray":
         connect_ray(cfg.resources)
         check_cluster([cfg], path)
         mark("Ray started")
-    ready.join()
-    mark("MLflow store open")
-    logger = RunLogger(uri, ensure_experiment(uri, cfg.tracking.experiment), cfg, run_name=cfg.name)
+    if in_thread:
+        ready = warm_up(uri)
+    else:
+        tracker.start(uri, cfg.tracking.experiment, run_record(cfg), cfg.name)
+    if variant != "on Ray":
+        runner = InProcessRunner(cfg)
+        runner.start()
+        mark("server and clients built")
+    if in_thread:
+        ready.join()
+        mark("MLflow store open")
+        logger = RunLogger(uri, ensure_experiment(uri, cfg.tracking.experiment), cfg, run_name=cfg.name)
+    else:
+        tracker.started()
+        logger = tracker
     mark("MLflow run created")
 
     def on_round(m: dict) -> None:
@@ -73,6 +86,8 @@ def worker(path: str, variant: str) -> dict:
 
     execute(cfg, logger, on_round, runner=runner)
     mark("rounds 2-50, run finished")
+    if not in_thread:
+        tracker.close()
     if runner is None:
         import ray
 
@@ -87,7 +102,8 @@ def main() -> int:
     ap.add_argument("--file")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--fresh-store", action="store_true", help="a new SQLite store each repetition (else one, reused)")
-    ap.add_argument("--variant", default="on Ray", choices=VARIANTS)
+    ap.add_argument("--variant", default="in process", choices=VARIANTS)
+    ap.add_argument("--workload", default="dirichlet", help="the peer benchmark's workload (benchmarks/_harness.py)")
     args = ap.parse_args()
     if args.worker:
         print(json.dumps(worker(args.worker, args.variant)))
@@ -104,7 +120,7 @@ def main() -> int:
             path = Path(args.file) if args.file else folder / "run.yaml"
             if not args.file:
                 db = folder / (f"mlflow-{variant.replace(' ', '-')}{rep}.db" if args.fresh_store else "mlflow.db")
-                path.write_text(yaml.safe_dump(experiment(50, *SINGLE, "default", db)))
+                path.write_text(yaml.safe_dump(experiment(50, *SINGLE, "default", db, args.workload)))
             runs[variant].append(measure(__file__, "0,1", [str(path), "--variant", variant]))
             print(f"  rep {rep + 1} {variant}: {runs[variant][-1]}", flush=True)
     print("\nseconds since the interpreter started, median of the repetitions (and the step's own share):")
@@ -115,9 +131,10 @@ def main() -> int:
             at = sorted(r[step] for r in rs)[len(rs) // 2]
             print(f"    {step:28s} {at:7.2f} (+{at - before:.2f})")
             before = at
-    for other in ("sequential", "in process"):
-        pairs = sorted(o["round 1"] - r["round 1"] for r, o in zip(runs["on Ray"], runs[other]))
-        print(f"round 1, {other} minus on Ray: median of paired differences {pairs[len(pairs) // 2]:.2f} s {pairs}")
+    last = "rounds 2-50, run finished"
+    for other in VARIANTS[1:]:
+        pairs = sorted(o[last] / r[last] for r, o in zip(runs["in process"], runs[other]))
+        print(f"the run's end, {other} / in process: median of paired ratios {pairs[len(pairs) // 2]:.3f} {pairs}")
     return 0
 
 

@@ -11,8 +11,10 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from fedsweep.config import ConfigError
+if TYPE_CHECKING:  # imported where used: `fedsweep run` starts its tracking process before torch is imported
+    from fedsweep.config import ConfigError
 
 EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 1, 2, 130  # 130: as a shell reports a command ended by Ctrl-C
 
@@ -40,6 +42,7 @@ def _tracking_uri(configured: str | None) -> str | None:
 def cmd_validate(args) -> int:
     """Every file is checked (one Python start for all, e.g. ``fedsweep validate sweeps/*.yaml``); exit 2 if any is bad."""
     from fedsweep.bench import load_bench
+    from fedsweep.config import ConfigError
     from fedsweep.loading import load_sweep, read_yaml
 
     code = 0
@@ -60,6 +63,16 @@ def cmd_validate(args) -> int:
 
 
 def cmd_run(args) -> int:
+    from fedsweep.tracking_process import TrackingProcess
+
+    tracker = TrackingProcess()  # imports MLflow on the other core while this process imports torch
+    try:
+        return _run(args, tracker)
+    finally:
+        tracker.close()
+
+
+def _run(args, tracker) -> int:
     import time
 
     import psutil
@@ -68,14 +81,14 @@ def cmd_run(args) -> int:
     from fedsweep.config import resolve_tracking_uri
     from fedsweep.experiment import InProcessRunner, check_cluster, connect_ray, execute, runs_in_process
     from fedsweep.loading import load_experiment
-    from fedsweep.tracking import RunLogger, ensure_experiment, warm_up
+    from fedsweep.tracking import run_record
 
     cfg = load_experiment(args.file)
     uri = resolve_tracking_uri(cfg.tracking.tracking_uri)
-    mlflow_ready = warm_up(uri)  # while Ray starts, or the in-process server builds its clients
     r = cfg.resources
     runner = None
     if runs_in_process(cfg):
+        tracker.start(uri, cfg.tracking.experiment, run_record(cfg), cfg.name)  # while the clients are built
         print(f"running the server and its {cfg.num_clients} clients in this process (a layout of one process on this "
               f"machine: no Ray) ...")
         runner = InProcessRunner(cfg)
@@ -83,21 +96,24 @@ def cmd_run(args) -> int:
     else:
         connect_ray(cfg.resources)
         check_cluster([cfg], args.file)
-    mlflow_ready.join()
-    logger = RunLogger(uri, ensure_experiment(uri, cfg.tracking.experiment), cfg, run_name=cfg.name)
-    print(f"MLflow run {logger.run_id} in experiment '{cfg.tracking.experiment}' at {uri}")
+        tracker.start(uri, cfg.tracking.experiment, run_record(cfg), cfg.name)
     if runner is None:
         print(f"starting the server actor and {r.num_client_actors(cfg.num_clients)} client actor(s) for {cfg.num_clients} "
               f"clients" + (f" (a worker pool of {r.client_workers}, the server actor the first)" if r.client_workers else "") + " ...")
     bars: list = []  # created at round 0, once the actors are up
+    named: list = []  # the run, named once the tracking process has created it (the rounds do not wait for it)
+    name_run = lambda write: named or named.append(write(f"MLflow run {tracker.run_id} in experiment "
+                                                         f"'{cfg.tracking.experiment}' at {uri}"))
 
     def on_round(m: dict[str, float]) -> None:
         if not bars:
             bars.append(tqdm(total=cfg.rounds, unit="round", disable=args.quiet, dynamic_ncols=True))
         bar = bars[0]
+        if tracker.run_id:
+            name_run(bar.write)
         if m["round"] == 1:  # what a user waits for the first round: imports, Ray, MLflow, actors, rounds 0 and 1
             waited = time.time() - psutil.Process().create_time()
-            logger.client.log_metric(logger.run_id, "time_to_first_round_s", waited, step=1)
+            tracker.log_metric("time_to_first_round_s", waited, step=1)
             bar.write(f"round 1 done {waited:.2f} s after the command started")
         if m["round"] > 0:
             bar.update(1)
@@ -114,10 +130,12 @@ def cmd_run(args) -> int:
             )
 
     try:
-        history = execute(cfg, logger, on_round, runner=runner)
+        history = execute(cfg, tracker, on_round, runner=runner)
     finally:
         for bar in bars:
             bar.close()
+    if tracker.run_id:  # known by the end (a run shorter than the run's creation)
+        name_run(print)
     if history and history[-1].get("diverged"):
         print(f"diverged at round {int(history[-1]['round'])}: the global model is not finite", file=sys.stderr)
         return EXIT_FAILED
@@ -449,8 +467,12 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["FEDSWEEP_DATA_DIR"] = str(Path(os.environ["FEDSWEEP_DATA_DIR"]).expanduser().resolve())
     try:
         return args.func(args)
-    except ConfigError as e:
-        return _print_problems(e)
+    except Exception as e:
+        from fedsweep.config import ConfigError  # imported by then: it is the configuration's error
+
+        if isinstance(e, ConfigError):
+            return _print_problems(e)
+        raise
 
 
 def entry() -> None:

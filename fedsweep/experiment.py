@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Container, Iterator
 from contextlib import ExitStack
+from typing import TYPE_CHECKING
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
@@ -12,6 +13,9 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from fedsweep.checks import check_fits, local_cpus, raise_problems
 from fedsweep.config import ExperimentConfig, ResourcesConfig
 from fedsweep.tracking import STOPPED_EARLY, TAG_PREFIX, RunLogger
+
+if TYPE_CHECKING:
+    from fedsweep.tracking_process import TrackingProcess
 
 
 def connect_ray(resources: ResourcesConfig) -> None:
@@ -233,7 +237,7 @@ class InProcessRunner(ExperimentRunner):
 
 def execute(
     cfg: ExperimentConfig,
-    logger: RunLogger | None,
+    logger: RunLogger | TrackingProcess | None,
     on_round: Callable[[dict[str, float]], None] = lambda m: None,
     trial_placement_group: PlacementGroup | None = None,
     checkpoint_every: int = 0,
@@ -241,7 +245,8 @@ def execute(
     resume: dict | None = None,
     runner: ExperimentRunner | None = None,
 ) -> list[dict[str, float]]:
-    """Run ``cfg`` to the end: every round is logged to MLflow, every round is passed to ``on_round``.
+    """Run ``cfg`` to the end: every round is logged to MLflow (``logger``: in this process, or by ``fedsweep run``'s
+    child), every round is passed to ``on_round``.
 
     Every ``checkpoint_every`` rounds (after logging) ``on_checkpoint(metrics, checkpoint)`` is called
     instead of ``on_round``; ``resume`` (such a checkpoint) restarts after its round, and rounds the
@@ -261,9 +266,9 @@ def execute(
     try:
         runner.start()
         if logger and runner.reused:
-            logger.client.set_tag(logger.run_id, f"{TAG_PREFIX}warm_actors", "true")  # no process start: timings differ
+            logger.set_tag(f"{TAG_PREFIX}warm_actors", "true")  # no process start: timings differ
         if logger and isinstance(runner, InProcessRunner):
-            logger.client.set_tag(logger.run_id, f"{TAG_PREFIX}in_process", "true")  # no actor process: timings differ
+            logger.set_tag(f"{TAG_PREFIX}in_process", "true")  # no actor process: timings differ
         start = runner.restore(resume) if resume is not None else 0
         # the server's clock starts at the first round it runs; a resumed run's goes on from its checkpoint's
         elapsed = float(resume.get("wall_time_s", 0.0)) if resume is not None else 0.0

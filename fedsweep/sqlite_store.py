@@ -3,7 +3,7 @@
 MLflow creates a new SQLite store by creating its tables and running every schema migration since its first
 version, in each new store: 0.8 s of CPU here, on the critical path of a first ``fedsweep run`` and paid once
 by every test's store. fedsweep makes that empty store once per MLflow version in the node's cache
-(:func:`fedsweep.data.vision.cache_dir`), with MLflow's own function, and copies it (0.03 s) where a new store is
+(:func:`fedsweep.node_cache.cache_dir`), with MLflow's own function, and copies it (0.03 s) where a new store is
 to be. MLflow then opens it as any store: it finds its tables at its schema's head revision (which it checks) and
 creates the Default experiment with this store's own artifact root, as in a store it made itself. Anything
 unexpected (no cache, a file system without hard links) leaves the store to MLflow, as before.
@@ -17,6 +17,8 @@ import shutil
 import threading
 from functools import lru_cache
 from pathlib import Path
+
+from fedsweep.node_cache import cache_dir
 
 
 def seed_new_store(uri: str) -> None:
@@ -46,8 +48,6 @@ def empty_store() -> Path:
     import mlflow
     import sqlalchemy
     from mlflow.store.db.utils import _initialize_tables
-
-    from fedsweep.data.vision import cache_dir
 
     folder = cache_dir()
     folder.mkdir(parents=True, exist_ok=True)

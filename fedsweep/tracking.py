@@ -12,13 +12,15 @@ import json
 import math
 import threading
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fedsweep.algorithms import ALGORITHMS
-from fedsweep.config import ExperimentConfig
 from fedsweep.dotted import format_value
 from fedsweep.metric_writer import MetricWriter
+
+if TYPE_CHECKING:
+    from fedsweep.config import ExperimentConfig
 
 TAG_PREFIX = "fedsweep."
 PARENT_TAG = "mlflow.parentRunId"
@@ -180,6 +182,44 @@ def setting_label(overrides: dict[str, Any]) -> str:
     return ", ".join(parts) or "default"
 
 
+@dataclass(frozen=True)
+class RunRecord:
+    """What a run is created with, in plain values: the process that writes it need not hold the config (nor import
+    torch, as :mod:`fedsweep.tracking_process` does not). ``title`` names the accuracy plot."""
+
+    tags: dict[str, str]
+    params: dict[str, str]
+    title: str
+    outage_limit_s: float
+    log_client_table: bool
+    log_plot: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def run_record(cfg: ExperimentConfig, overrides: dict[str, Any] | None = None, tags: dict[str, str] | None = None,
+               parent_run_id: str | None = None) -> RunRecord:
+    """The tags and params of ``cfg``'s run (the platform read in this process: the one whose arithmetic it logs)."""
+    from fedsweep.algorithms import ALGORITHMS
+
+    all_tags = {
+        f"{TAG_PREFIX}algorithm": cfg.algorithm.name,
+        f"{TAG_PREFIX}setting": cfg.setting_key(),
+        f"{TAG_PREFIX}setting_label": setting_label(overrides or {}),
+        f"{TAG_PREFIX}seed": str(cfg.seed),
+        PLATFORM_TAG: run_platform(),
+        CODE_TAG: code_version(),
+        **({LEAK_TAG: f"{cfg.algorithm.evaluation} (leaks test data)"} if cfg.algorithm.leaks_test_data else {}),
+        **({f"{TAG_PREFIX}provenance": provenance} if (provenance := ALGORITHMS[cfg.algorithm.name].provenance) else {}),
+        **(tags or {}),
+        **({PARENT_TAG: parent_run_id} if parent_run_id else {}),
+    }
+    params = {k: json.dumps(v) if isinstance(v, (list, dict)) else str(v) for k, v in cfg.flat_params().items()}
+    t = cfg.tracking
+    return RunRecord(all_tags, params, cfg.name, t.outage_limit_s, t.log_client_table, t.log_plot)
+
+
 class RunLogger:
     """Logs one experiment: params, per-round metrics with ``step=round``, a per-client table and a plot."""
 
@@ -187,16 +227,22 @@ class RunLogger:
         self,
         uri: str,
         experiment_id: str,
-        cfg: ExperimentConfig,
+        cfg: ExperimentConfig | RunRecord,
         run_name: str,
         parent_run_id: str | None = None,
         overrides: dict[str, Any] | None = None,
         tags: dict[str, str] | None = None,
         run_id: str | None = None,
     ):
+        """``cfg``: the experiment, or its :class:`RunRecord` already made (which holds the overrides, tags and
+        parent: then give none of them)."""
         from mlflow.entities import Param
 
-        self.cfg = cfg
+        if isinstance(cfg, RunRecord):
+            assert parent_run_id is None and overrides is None and tags is None, "a RunRecord holds them already"
+            self.record = cfg
+        else:
+            self.record = run_record(cfg, overrides, tags, parent_run_id)
         self.client = client(uri)
         self.logged_through = -1  # the last round whose metrics this run holds (written, or held until the next flush)
         self.pending: list[list] = []  # the rounds since the last flush, each a list of metrics
@@ -206,26 +252,18 @@ class RunLogger:
             self.run_id = run_id
             self.client.update_run(run_id, status="RUNNING")
             self._reload_history()
-            self.writer = MetricWriter(uri, run_id, cfg.tracking.outage_limit_s)
+            self.writer = MetricWriter(uri, run_id, self.record.outage_limit_s)
             return
-        all_tags = {
-            f"{TAG_PREFIX}algorithm": cfg.algorithm.name,
-            f"{TAG_PREFIX}setting": cfg.setting_key(),
-            f"{TAG_PREFIX}setting_label": setting_label(overrides or {}),
-            f"{TAG_PREFIX}seed": str(cfg.seed),
-            PLATFORM_TAG: run_platform(),
-            CODE_TAG: code_version(),
-            **({LEAK_TAG: f"{cfg.algorithm.evaluation} (leaks test data)"} if cfg.algorithm.leaks_test_data else {}),
-            **({f"{TAG_PREFIX}provenance": provenance} if (provenance := ALGORITHMS[cfg.algorithm.name].provenance) else {}),
-            **(tags or {}),
-        }
-        if parent_run_id:
-            all_tags[PARENT_TAG] = parent_run_id
-        self.run_id = self.client.create_run(experiment_id, run_name=run_name, tags=all_tags).info.run_id
-        params = [Param(k, json.dumps(v) if isinstance(v, (list, dict)) else str(v)) for k, v in cfg.flat_params().items()]
-        for chunk in _batched(params, 100):
+        self.run_id = self.client.create_run(experiment_id, run_name=run_name, tags=self.record.tags).info.run_id
+        for chunk in _batched([Param(k, v) for k, v in self.record.params.items()], 100):
             self.client.log_batch(self.run_id, params=chunk)
-        self.writer = MetricWriter(uri, self.run_id, cfg.tracking.outage_limit_s)
+        self.writer = MetricWriter(uri, self.run_id, self.record.outage_limit_s)
+
+    def set_tag(self, key: str, value: str) -> None:
+        self.client.set_tag(self.run_id, key, value)
+
+    def log_metric(self, key: str, value: float, step: int) -> None:
+        self.client.log_metric(self.run_id, key, value, step=step)
 
     def _reload_history(self) -> None:
         """The rounds an earlier attempt logged: ``logged_through`` and the evaluations the plot needs."""
@@ -304,12 +342,12 @@ class RunLogger:
                 self.client.log_dict(self.run_id, placement, "placement.json")
                 if nodes := {row["node_id"] for row in placement if row["node_id"]}:  # none: run in the command's process
                     self.client.set_tag(self.run_id, f"{TAG_PREFIX}nodes", str(len(nodes)))
-            if client_rows and self.cfg.tracking.log_client_table:
+            if client_rows and self.record.log_client_table:
                 import pandas as pd
 
                 self.client.log_table(self.run_id, pd.DataFrame(client_rows), "clients/final_round.json")
-            if self.history and self.cfg.tracking.log_plot:
-                fig = accuracy_plot(self.history, self.cfg.name)
+            if self.history and self.record.log_plot:
+                fig = accuracy_plot(self.history, self.record.title)
                 self.client.log_figure(self.run_id, fig, "plots/accuracy_vs_round.png")
                 import matplotlib.pyplot as plt
 

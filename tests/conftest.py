@@ -103,8 +103,8 @@ def stacked(cfg):
 FILE_SECONDS = {"test_resume.py": 229, "test_tracking_outage.py": 184, "test_actors.py": 153, "test_bench.py": 150,
                 "test_cluster.py": 146, "test_tuning.py": 110, "test_faults.py": 98, "test_mlflow_ui.py": 94,
                 "test_conformance.py": 77, "test_sweep.py": 74, "test_job_submit.py": 70, "test_cli.py": 56,
-                "test_worker_pool.py": 41, "test_benchmarks.py": 35, "test_algorithms.py": 27, "test_report.py": 20,
-                "test_table.py": 16, "test_device_runs.py": 14}
+                "test_worker_pool.py": 41, "test_benchmarks.py": 35, "test_algorithms.py": 27, "test_tracking_process.py": 25,
+                "test_report.py": 20, "test_table.py": 16, "test_device_runs.py": 14}
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -121,7 +121,7 @@ LAYERS = {
     "sweeps": ("fedsweep.sweep", "fedsweep.stopping", "fedsweep.optuna_search", "fedsweep.table", "fedsweep.report",
                "fedsweep.checkpoint"),
     "drivers": ("fedsweep.experiment",),
-    "tracking": ("fedsweep.tracking", "fedsweep.metric_writer", "fedsweep.sqlite_store"),
+    "tracking": ("fedsweep.tracking", "fedsweep.tracking_process", "fedsweep.metric_writer", "fedsweep.sqlite_store"),
     "actors": ("actors",),
     "engine": ("fedsweep.engine",),
     "pool": ("fedsweep.pool",),
@@ -130,7 +130,7 @@ LAYERS = {
                       "fedsweep.storage"),
     "algorithms": ("fedsweep.algorithms",),
     "models, data": ("fedsweep.models", "fedsweep.data", "fedsweep.client_data", "fedsweep.evaluation"),
-    "utilities": ("fedsweep.dotted", "fedsweep.schema", "fedsweep.config_file", "fedsweep.safe_pickle"),
+    "utilities": ("fedsweep.dotted", "fedsweep.schema", "fedsweep.config_file", "fedsweep.safe_pickle", "fedsweep.node_cache"),
 }
 
 

@@ -97,6 +97,42 @@ def test_an_outage_past_the_limit_fails_the_trial_and_its_retry_loses_nothing(ml
     assert uploads == {m.step: m.value for m in c.get_metric_history(reference.run_id, "uploads")}
 
 
+def test_an_outage_past_the_limit_fails_fedsweep_runs_run_through_its_tracking_process(mlflow_server):
+    """`fedsweep run`'s run, kept by its child (:mod:`fedsweep.tracking_process`): the same outage fails the command
+    with the child's :class:`TrackingOutage`, at one of its next calls; the run holds the rounds written before it and
+    stays RUNNING, as in process."""
+    from mlflow import MlflowClient
+
+    from fedsweep.tracking import run_record
+    from fedsweep.tracking_process import TrackingProcess
+
+    if mlflow_server.proc is None:  # left stopped by a failed test before
+        mlflow_server.start()
+    url, limit = mlflow_server.url, 2
+    cfg = validate(config_dict(rounds=20, eval_every=2, resources=None,
+                               tracking={"experiment": "outage-child", "outage_limit_s": limit}))
+    logger = TrackingProcess()
+
+    def on_round(m: dict[str, float]) -> None:
+        if m["round"] == 7:
+            mlflow_server.stop()
+        if m["round"] == 12:  # the child's writer met the outage at round 8's write: let it outlast the limit
+            time.sleep(limit + 5)
+
+    try:
+        logger.start(url, "outage-child", run_record(cfg), "child")
+        logger.started()
+        with pytest.raises(TrackingOutage, match=rf"tracking\.outage_limit_s={limit}: .* from round 7 on are held"):
+            execute(cfg, logger, on_round, runner=InProcessRunner(cfg))
+    finally:
+        logger.close()
+        mlflow_server.start()
+    assert logger.proc.returncode == 0
+    c = MlflowClient(url)
+    assert c.get_run(logger.run_id).info.status == "RUNNING"
+    assert sorted(m.step for m in c.get_metric_history(logger.run_id, "uploads")) == list(range(7))
+
+
 def run_references(sweep_file: str, *uris: str) -> None:
     """Trial ``i`` of the sweep, uninterrupted, in this process into ``uris[i]``; with one local step a round instead
     of the trials' 100: which metrics a round logs, and at which steps (what the test compares), does not depend on

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from fedsweep import safe_pickle
+from fedsweep.node_cache import cache_dir
 
 # name -> (subfolder torchvision uses, train files, test files, torchvision class)
 LAYOUT = {
@@ -126,14 +127,6 @@ def download(name: str, root: Path) -> None:
     cls = getattr(tvd, LAYOUT[name][3])
     for train in (True, False):
         cls(str(root), train=train, download=True)
-
-
-def cache_dir() -> Path:
-    """``$FEDSWEEP_CACHE_DIR``, else ``$XDG_CACHE_HOME/fedsweep``, else ``~/.cache/fedsweep``: local to the node."""
-    configured = os.environ.get("FEDSWEEP_CACHE_DIR")
-    if configured:
-        return Path(configured).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fedsweep"
 
 
 #: What each format holds, checked file by file before anything is trained on (:func:`_checked`): the shape
