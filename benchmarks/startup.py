@@ -3,9 +3,10 @@
 Runs the steps of ``fedsweep run FILE`` (``fedsweep.cli.cmd_run``) one after the other in a fresh process on
 cores 0-1 and prints the time since the interpreter started at the end of each: the tracking process started
 (:mod:`fedsweep.tracking_process`, which imports MLflow while this process goes on), importing fedsweep (torch
-with it), reading and checking the file, importing Ray, the clients built (in process) or Ray started, the MLflow
-run created by the child, round 0 (evaluation of the initial model), round 1, the remaining rounds with the run's
-end in MLflow, and ``ray.shutdown()`` (which the command's exit runs). Three variants, alternated: ``in process``
+with it), reading and checking the file, importing Ray, the clients built (in process) or Ray started, round 0
+(evaluation of the initial model), round 1, the remaining rounds with the run's end in MLflow, and
+``ray.shutdown()`` (which the command's exit runs); the rounds do not wait for the child's creation of the run,
+which has no step of its own (the variant logging in a thread has two: the store open, the run created). Three variants, alternated: ``in process``
 (what the command does with a layout of one process, ``fedsweep.experiment.runs_in_process``: the server and its
 clients built in this process, no Ray), ``in process, MLflow in a thread`` (the same with the run logged in this
 process, MLflow's store opened in a thread while the clients are built: the command before 2026-11-27's
@@ -63,8 +64,6 @@ def worker(path: str, variant: str) -> dict:
         mark("Ray started")
     if in_thread:
         ready = warm_up(uri)
-    else:
-        tracker.start(uri, cfg.tracking.experiment, run_record(cfg), cfg.name)
     if variant != "on Ray":
         runner = InProcessRunner(cfg)
         runner.start()
@@ -73,10 +72,10 @@ def worker(path: str, variant: str) -> dict:
         ready.join()
         mark("MLflow store open")
         logger = RunLogger(uri, ensure_experiment(uri, cfg.tracking.experiment), cfg, run_name=cfg.name)
-    else:
-        tracker.started()
+        mark("MLflow run created")
+    else:  # as the command: the rounds do not wait for the run's creation
+        tracker.start(uri, cfg.tracking.experiment, run_record(cfg), cfg.name)
         logger = tracker
-    mark("MLflow run created")
 
     def on_round(m: dict) -> None:
         if m["round"] == 0:

@@ -88,15 +88,14 @@ def _run(args, tracker) -> int:
     r = cfg.resources
     runner = None
     if runs_in_process(cfg):
-        tracker.start(uri, cfg.tracking.experiment, run_record(cfg), cfg.name)  # while the clients are built
         print(f"running the server and its {cfg.num_clients} clients in this process (a layout of one process on this "
               f"machine: no Ray) ...")
         runner = InProcessRunner(cfg)
-        runner.start()
+        runner.start()  # the dataset the checks built: a problem of the data is raised before the run exists
     else:
         connect_ray(cfg.resources)
         check_cluster([cfg], args.file)
-        tracker.start(uri, cfg.tracking.experiment, run_record(cfg), cfg.name)
+    tracker.start(uri, cfg.tracking.experiment, run_record(cfg), cfg.name)  # the rounds do not wait for it
     if runner is None:
         print(f"starting the server actor and {r.num_client_actors(cfg.num_clients)} client actor(s) for {cfg.num_clients} "
               f"clients" + (f" (a worker pool of {r.client_workers}, the server actor the first)" if r.client_workers else "") + " ...")
@@ -134,8 +133,8 @@ def _run(args, tracker) -> int:
     finally:
         for bar in bars:
             bar.close()
-    if tracker.run_id:  # known by the end (a run shorter than the run's creation)
-        name_run(print)
+        if tracker.run_id:  # known by the end (a run shorter than the run's creation), also of a run that failed
+            name_run(print)
     if history and history[-1].get("diverged"):
         print(f"diverged at round {int(history[-1]['round'])}: the global model is not finite", file=sys.stderr)
         return EXIT_FAILED

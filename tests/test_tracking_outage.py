@@ -114,6 +114,8 @@ def test_an_outage_past_the_limit_fails_fedsweep_runs_run_through_its_tracking_p
     logger = TrackingProcess()
 
     def on_round(m: dict[str, float]) -> None:
+        if m["round"] == 6:
+            assert logger.flush()  # rounds 0-6 written (the child may lag the rounds): the outage starts at round 7's
         if m["round"] == 7:
             mlflow_server.stop()
         if m["round"] == 12:  # the child's writer met the outage at round 8's write: let it outlast the limit
