@@ -19,8 +19,10 @@ $(STAMP): pyproject.toml constraints.txt
 
 setup: $(STAMP)
 
+# PyTorch's AVX2 kernels unless ATEN_CPU_CAPABILITY is set: the README's table on any x86-64 CPU with AVX2 (an
+# AVX-512 machine's own kernels round two rows' sums otherwise: README, "make demo")
 demo: $(STAMP)
-	$(BIN)/fedsweep sweep sweeps/default.yaml
+	ATEN_CPU_CAPABILITY=$${ATEN_CPU_CAPABILITY:-avx2} $(BIN)/fedsweep sweep sweeps/default.yaml
 
 # Debian packages the tests start for real: chromium + chromium-driver (the MLflow UI test, headless)
 # and the PostgreSQL server (the MLflow store test). Installed here when missing and this runs as

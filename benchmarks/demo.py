@@ -10,8 +10,9 @@ Variants (interleaved repetition by repetition):
   handwritten   the layout the file carried before (a pool of one per trial: server_cpus 0.2, client_cpus 0.8,
                 client_workers 1), to show whether a hand-written layout earns its place
 
-Each run's table is kept: the script prints whether the repetitions of a variant printed the same table
-(the README says the numbers repeat exactly), and exits 1 if not.
+Each run's table is kept: the script prints whether the repetitions of a variant printed the same table, and the
+default layout's the README's table (the README says the numbers repeat exactly, and shows them), and exits 1 if
+not. The sweep runs with PyTorch's AVX2 kernels unless ``ATEN_CPU_CAPABILITY`` is set, as ``make demo`` runs it.
 
     python benchmarks/demo.py --repeats 3
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -47,14 +49,22 @@ def sweep_worker(layout: str) -> dict:
         body["sweep"]["storage_path"] = f"{tmp}/ray_results"
         path = Path(tmp) / "default.yaml"
         path.write_text(yaml.safe_dump(body, sort_keys=False))
+        env = {**os.environ, "ATEN_CPU_CAPABILITY": os.environ.get("ATEN_CPU_CAPABILITY", "avx2")}  # as `make demo`
         t0 = time.perf_counter()
         proc = subprocess.run([str(Path(sys.executable).with_name("fedsweep")), "sweep", str(path), "--quiet"],
-                              capture_output=True, text=True, cwd=tmp, check=False)
+                              capture_output=True, text=True, cwd=tmp, env=env, check=False)
         seconds = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(proc.stdout[-3000:] + proc.stderr[-3000:])
     table = [ln for ln in proc.stdout.splitlines() if re.match(r"\| [a-z]", ln) and not ln.startswith("| algorithm")]
     return {"s": seconds, "table": table}
+
+
+def readme_table() -> list[str]:
+    """The rows of the README's table of ``make demo`` (the first code block holding an ``| algorithm`` header)."""
+    text = (ROOT / "README.md").read_text()
+    block = next(b for b in text.split("```")[1::2] if "| algorithm |" in b)
+    return [ln for ln in block.splitlines() if re.match(r"\| [a-z]", ln) and not ln.startswith("| algorithm")]
 
 
 def reference_worker() -> dict:
@@ -95,6 +105,10 @@ def main() -> int:
               f"its {args.repeats} tables {'identical' if len(tables) == 1 else 'DIFFER'}")
     for name in args.layouts:
         print(f"\n{name}, the table of its first repetition:\n" + "\n".join(res[name][0]["table"]))
+    if "default" in args.layouts:
+        readme = res["default"][0]["table"] == readme_table()
+        same &= readme
+        print("\nthe default layout's table " + ("is the README's, row for row" if readme else "DIFFERS from the README's"))
     return 0 if same else 1
 
 

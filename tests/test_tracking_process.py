@@ -71,9 +71,9 @@ def test_an_error_in_the_child_is_raised_once_in_the_command_and_every_call_gets
     try:
         logger.start(uri, "errors", run_record(cfg), "errors")
         logger.started()
-        logger.set_tag("x" * 1000, "a key longer than MLflow allows")  # refused by MLflow's checks, in the child
         with pytest.raises(TrackingProcessError, match="MlflowException: 'key' exceeds the maximum length"):
-            logger.flush()  # raised here, its own answer still to come
+            logger.set_tag("x" * 1000, "a key longer than MLflow allows")  # refused by MLflow's checks, in the child
+            logger.flush()  # raised here at the latest (at the set_tag if its answer came first), its own answer still to come
         logger.set_tag("y" * 1000, "refused too: not raised again")
         assert logger.flush() is True  # its own answer, not the earlier flush's
         logger.log_round({"round": 0.0, "personalized_accuracy_mean": 0.5})
