@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml constraints.txt
 setup: $(STAMP)
 
 # PyTorch's AVX2 kernels unless ATEN_CPU_CAPABILITY is set: the README's table on any x86-64 CPU with AVX2 (an
-# AVX-512 machine's own kernels round two rows' sums otherwise: README, "make demo")
+# AVX-512 machine's own kernels round two rows' sums otherwise: README, "The two commands")
 demo: $(STAMP)
 	ATEN_CPU_CAPABILITY=$${ATEN_CPU_CAPABILITY:-avx2} $(BIN)/fedsweep sweep sweeps/default.yaml
 

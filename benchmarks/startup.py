@@ -2,8 +2,8 @@
 
 Runs the steps of ``fedsweep run FILE`` (``fedsweep.cli.cmd_run``) one after the other in a fresh process on
 cores 0-1 and prints the time since the interpreter started at the end of each: the tracking process started
-(:mod:`fedsweep.tracking_process`, which imports MLflow while this process goes on), importing fedsweep (torch
-with it), reading and checking the file, importing Ray, the clients built (in process) or Ray started, round 0
+(:mod:`fedsweep.tracking_process`, which imports MLflow while this process goes on), importing fedsweep.cli,
+reading and checking the file (torch imported with it), importing Ray, the clients built (in process) or Ray started, round 0
 (evaluation of the initial model), round 1, the remaining rounds with the run's end in MLflow, and
 ``ray.shutdown()`` (which the command's exit runs); the rounds do not wait for the child's creation of the run,
 which has no step of its own (the variant logging in a thread has two: the store open, the run created). Three variants, alternated: ``in process``

@@ -14,8 +14,8 @@ end) get an answer, and an error of the child's (a write the store refused, a tr
 child imports no torch, pre-imports matplotlib while the rounds run, and ends without its modules' teardown
 (``os._exit``, as :func:`fedsweep.cli.entry` ends the command). It ignores Ctrl-C, SIGTERM and a hang-up (a
 terminal sends them to both): on Ctrl-C the command ends the run as it does in process (FAILED); a command killed
-without ``finish`` leaves the child the end of its input, and the child ends the run KILLED. Measured: the peer benchmark's 50-round single run 3.79 → 2.43 s
-(docs/performance.md, "Thirty-fifth session").
+without ``finish`` leaves the child the end of its input, and the child ends the run KILLED. Measured: the peer benchmark's 50-round single run 3.79 → 2.38 s in
+the same hour, 2.43 s after a review's fixes (docs/performance.md, "Thirty-fifth session").
 """
 
 from __future__ import annotations
