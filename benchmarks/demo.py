@@ -56,15 +56,18 @@ def sweep_worker(layout: str) -> dict:
         seconds = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(proc.stdout[-3000:] + proc.stderr[-3000:])
-    table = [ln for ln in proc.stdout.splitlines() if re.match(r"\| [a-z]", ln) and not ln.startswith("| algorithm")]
-    return {"s": seconds, "table": table}
+    return {"s": seconds, "table": table_rows(proc.stdout)}
+
+
+def table_rows(text: str) -> list[str]:
+    """The rows of a printed best-setting table (one per algorithm; its header left out)."""
+    return [ln for ln in text.splitlines() if re.match(r"\| [a-z]", ln) and not ln.startswith("| algorithm")]
 
 
 def readme_table() -> list[str]:
     """The rows of the README's table of ``make demo`` (the first code block holding an ``| algorithm`` header)."""
     text = (ROOT / "README.md").read_text()
-    block = next(b for b in text.split("```")[1::2] if "| algorithm |" in b)
-    return [ln for ln in block.splitlines() if re.match(r"\| [a-z]", ln) and not ln.startswith("| algorithm")]
+    return table_rows(next(b for b in text.split("```")[1::2] if "| algorithm |" in b))
 
 
 def reference_worker() -> dict:

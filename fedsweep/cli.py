@@ -101,15 +101,16 @@ def _run(args, tracker) -> int:
               f"clients" + (f" (a worker pool of {r.client_workers}, the server actor the first)" if r.client_workers else "") + " ...")
     bars: list = []  # created at round 0, once the actors are up
     named: list = []  # the run, named once the tracking process has created it (the rounds do not wait for it)
-    name_run = lambda write: named or named.append(write(f"MLflow run {tracker.run_id} in experiment "
-                                                         f"'{cfg.tracking.experiment}' at {uri}"))
+
+    def name_run(write) -> None:
+        if tracker.run_id and not named:
+            named.append(write(f"MLflow run {tracker.run_id} in experiment '{cfg.tracking.experiment}' at {uri}"))
 
     def on_round(m: dict[str, float]) -> None:
         if not bars:
             bars.append(tqdm(total=cfg.rounds, unit="round", disable=args.quiet, dynamic_ncols=True))
         bar = bars[0]
-        if tracker.run_id:
-            name_run(bar.write)
+        name_run(bar.write)
         if m["round"] == 1:  # what a user waits for the first round: imports, Ray, MLflow, actors, rounds 0 and 1
             waited = time.time() - psutil.Process().create_time()
             tracker.log_metric("time_to_first_round_s", waited, step=1)
@@ -133,8 +134,7 @@ def _run(args, tracker) -> int:
     finally:
         for bar in bars:
             bar.close()
-        if tracker.run_id:  # known by the end (a run shorter than the run's creation), also of a run that failed
-            name_run(print)
+        name_run(print)  # known by the end (a run shorter than the run's creation), also of a run that failed
     if history and history[-1].get("diverged"):
         print(f"diverged at round {int(history[-1]['round'])}: the global model is not finite", file=sys.stderr)
         return EXIT_FAILED

@@ -3,8 +3,9 @@
 A single run's command spent as long on MLflow as on torch and its rounds: importing MLflow and opening its store
 (1.3 s, in a thread whose Python the GIL kept from overlapping torch's import), then at the end the plot and the
 teardown of MLflow's modules. The child (:func:`main`, started from fedsweep's own folder) starts first, before the
-command imports torch, and imports MLflow on the other core; it holds the run's :class:`~fedsweep.tracking.RunLogger` — the
-one a sweep's trial uses in its own process — and the command sends it one JSON line per call
+command imports torch, and imports MLflow on the other core; it holds the run's
+:class:`~fedsweep.tracking.RunLogger` — the one a sweep's trial uses in its own process — and the command sends it
+one JSON line per call
 (:class:`TrackingProcess`): ``start`` (the experiment and the :class:`~fedsweep.tracking.RunRecord`, sent once the
 file is valid, so bad input still creates no store and no run), then the rounds, tags, metrics and ``finish``. The
 rounds do not wait for the run's creation (they queue behind it); the calls that must be waited for (a flush, the
@@ -14,8 +15,9 @@ end) get an answer, and an error of the child's (a write the store refused, a tr
 child imports no torch, pre-imports matplotlib while the rounds run, and ends without its modules' teardown
 (``os._exit``, as :func:`fedsweep.cli.entry` ends the command). It ignores Ctrl-C, SIGTERM and a hang-up (a
 terminal sends them to both): on Ctrl-C the command ends the run as it does in process (FAILED); a command killed
-without ``finish`` leaves the child the end of its input, and the child ends the run KILLED. Measured: the peer benchmark's 50-round single run 3.79 → 2.38 s in
-the same hour, 2.43 s after a review's fixes (docs/performance.md, "Thirty-fifth session").
+without ``finish`` leaves the child the end of its input, and the child ends the run KILLED. Measured: the peer
+benchmark's 50-round single run 3.79 → 2.38 s in the same hour, 2.43 s after a review's fixes
+(docs/performance.md, "Thirty-fifth session").
 """
 
 from __future__ import annotations
