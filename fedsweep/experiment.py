@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Container, Iterator
 from contextlib import ExitStack
 from typing import TYPE_CHECKING
@@ -26,10 +27,28 @@ def connect_ray(resources: ResourcesConfig) -> None:
     if address:
         ray.init(address=address, log_to_driver=True)
         return
-    kwargs: dict = {"num_cpus": int(resources.cluster_cpus or local_cpus()), "include_dashboard": False}
+    kwargs: dict = {"num_cpus": int(resources.cluster_cpus or local_cpus())}
     if resources.cluster_gpus is not None:
         kwargs["num_gpus"] = int(resources.cluster_gpus)
-    ray.init(**kwargs)
+    start_local_ray(**kwargs)
+
+
+def start_local_ray(**kwargs) -> None:
+    """``ray.init(**kwargs)`` of a local instance without a dashboard, its dashboard agent on a free port.
+
+    A local instance's agent binds its HTTP server to port 52365 unless told otherwise, and ``ray.init`` cannot tell
+    it (``ray start --dashboard-agent-listen-port`` can); when another instance on the machine holds the port (a
+    second sweep, the suite's workers side by side), the agent retries it for 3.3 s before giving up, and the raylet
+    waits for the agent: ``ray.init`` took 9.2 s instead of 4.9 s beside another instance (docs/performance.md,
+    "Thirty-sixth session"). Port 0 is Ray's own "any free port", which the agent reports to the node."""
+    from ray._private import parameter
+
+    ray_params = parameter.RayParams
+    parameter.RayParams = functools.partial(ray_params, dashboard_agent_listen_port=0)
+    try:
+        ray.init(**{"include_dashboard": False, **kwargs})
+    finally:
+        parameter.RayParams = ray_params
 
 
 def check_cluster(configs: list[ExperimentConfig], where: str) -> None:

@@ -133,8 +133,10 @@ def _ray_only_in_ray_tests(request, monkeypatch):
 def ray_session():
     import ray
 
+    from fedsweep.experiment import start_local_ray
+
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    start_local_ray(num_cpus=2, log_to_driver=False)
     yield ray
     ray.shutdown()
 

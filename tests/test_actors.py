@@ -4,7 +4,11 @@ placed in its placement group, and FedAvg still equal to centralized gradient de
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -36,6 +40,25 @@ def run_actors(cfg, after=lambda runner: None):
         return history, params, runner.clients_info, runner.client_table()
     finally:
         runner.stop()
+
+
+def test_a_local_instance_starts_its_dashboard_agent_on_a_free_port_when_52365_is_held():
+    """Ray's agent binds 52365 unless told otherwise and retries it for 3.3 s when another local instance holds it
+    (the suite's workers side by side, two sweeps at once); ``start_local_ray`` (``connect_ray``'s local instance)
+    gives it a free port at once."""
+    code = ("import ray; from fedsweep.experiment import start_local_ray; start_local_ray(num_cpus=1, log_to_driver=False); "
+            "node = ray._private.worker.global_worker.node; print(node.dashboard_agent_listen_port, node.get_logs_dir_path())")
+    with socket.socket() as held:
+        try:
+            held.bind(("", 52365))
+            held.listen()
+        except OSError:  # held already, by another instance's agent
+            pass
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    port, logs = out.stdout.split()[-2:]
+    assert int(port) not in (0, 52365)
+    agent_log = (Path(logs) / "dashboard_agent.log").read_text()
+    assert "Dashboard agent grpc address" in agent_log and "Failed to bind" not in agent_log
 
 
 def strip_time(history):
