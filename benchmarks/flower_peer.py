@@ -85,39 +85,22 @@ def worker_fedsweep(args) -> dict:
 
 
 def worker_flower(args) -> dict:
-    import numpy as np
-    import torch
-    from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
-    from flwr.clientapp import ClientApp
+    import os
+
+    from flwr.app import ArrayRecord, Context, MetricRecord
     from flwr.serverapp import Grid, ServerApp
     from flwr.serverapp.strategy import FedAvg
     from flwr.simulation import run_simulation
 
-    from fedsweep.data import build_federated_dataset
-    from fedsweep.federation import Client, Server, Setup
+    from benchmarks import _flower_app
+    from fedsweep.federation import Server
 
     t0 = time.perf_counter()
-    cfg = config(args)
-    ds = build_federated_dataset(cfg.data)
+    # the settings every ClientApp actor builds its data from (Ray's workers inherit the driver's environment)
+    os.environ[_flower_app.ENV] = json.dumps({k: getattr(args, k) for k in ("clients", "workload", "local_lr", "seed", "rounds")})
+    cfg, ds = _flower_app.federation()
     initial = Server.of(cfg, ds.num_features, ds.num_classes).params.numpy()
-    clients: dict[int, Client] = {}  # per ClientApp worker process, built once
     out: dict = {}
-
-    client_app = ClientApp()
-
-    @client_app.train()
-    def train(msg: Message, context: Context) -> Message:
-        torch.set_num_threads(1)  # as in fedsweep's actors
-        cid = int(context.node_config["partition-id"])
-        if cid not in clients:
-            clients[cid] = Client(cid, ds.clients[cid], Setup.of(cfg, ds.num_features, ds.num_classes))
-        params = msg.content["arrays"].to_numpy_ndarrays()[0]
-        reply = clients[cid].train({"params": params}, int(msg.content["config"]["server-round"]))
-        content = RecordDict(
-            {"arrays": ArrayRecord([np.asarray(reply.payload["params"])]),
-             "metrics": MetricRecord({"num-examples": reply.num_samples})}
-        )
-        return Message(content=content, reply_to=msg)
 
     server_app = ServerApp()
 
@@ -136,7 +119,7 @@ def worker_flower(args) -> dict:
         out["t2"] = time.perf_counter()
         out["params"] = result.arrays.to_numpy_ndarrays()[0]
 
-    run_simulation(server_app, client_app, num_supernodes=args.clients,
+    run_simulation(server_app, _flower_app.app, num_supernodes=args.clients,
                    backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
                                    "init_args": {"num_cpus": 2, "include_dashboard": False}})
     t3 = time.perf_counter()
