@@ -4,9 +4,9 @@ Workload (issue 6, as benchmark 1): FedAvg on Synthetic(0.5, 0.5), 20 clients, M
 steps of batch 20 at lr 0.05, r = 0.5 (10 clients a round), 50 rounds, sample-count weighted average;
 ``--workload`` picks another data section of ``_harness.WORKLOADS`` (uncapped sizes, MNIST Dirichlet(0.1)).
 Both sides run on the same 2 cores (taskset), start their own Ray, and train every client with the
-same code: Flower's ClientApp calls fedsweep's :class:`fedsweep.federation.Client` on the client's
-shard, so data, model, initial vector and local steps are identical; what differs is the
-orchestration (Flower's ServerApp/ClientApp messages and its Ray backend against fedsweep's
+same code: Flower's ClientApp (``_flower_app.py``: each of its actors builds the data once) calls fedsweep's
+:class:`fedsweep.federation.Client` on the client's shard, so data, model, initial vector and local steps are
+identical; what differs is the orchestration (Flower's ServerApp/ClientApp messages and its Ray backend against fedsweep's
 actors) and which 10 clients each round samples (each framework's own sampler).
 
   fedsweep  ExperimentRunner, 2 CPUs, clients packed ``--pack`` per ClientActor (evaluation on the
