@@ -1,6 +1,6 @@
-"""The ``fedsweep`` command: validate, run, sweep, table, algorithms, ui.
+"""The ``fedsweep`` command: validate, run, sweep, bench, report, table, algorithms, ui.
 
-Exit codes: 0 success, 1 a run or trial failed, 2 bad input (nothing was started or logged).
+Exit codes: 0 success, 1 a run or trial failed, 2 bad input (nothing was started or logged), 130 interrupted.
 """
 
 from __future__ import annotations

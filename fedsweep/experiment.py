@@ -1,4 +1,5 @@
-"""Running one experiment on Ray: connect, reserve a placement group, drive the ServerActor round by round."""
+"""Running one experiment: on Ray (connect, reserve a placement group, drive the ServerActor round by round) or in
+this process (:class:`InProcessRunner`), both through :func:`execute`."""
 
 from __future__ import annotations
 
