@@ -1,0 +1,81 @@
+"""The benchmark's published results hold together: each cell folder's tables are computed from the runs it saved,
+its choices from its tuning runs' validation scores, and docs/benchmark.md's tables are those folders' tables.
+
+What `fedsweep bench` wrote into ``docs/results/benchmark/<cell>/`` is read back as ``fedsweep table --from-runs``
+reads it (no MLflow store), and every step between the runs and the page is done again: a table edited by hand, a
+number copied wrongly into the page, or a choice the saved runs do not give fails here."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from fedsweep.bench import BENCH_METRICS, bench_table, choose, compact_markdown, read_state
+from fedsweep.table import read_runs
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "docs" / "results" / "benchmark"
+METRIC, MODE = "personalized_accuracy_mean", "max"  # every cell's (sweeps/benchmark/*.yaml)
+CELLS = sorted(p for p in RESULTS.iterdir() if (p / "bench_state.json").exists())
+
+
+def _done(state: dict) -> dict[str, dict]:
+    return {k: e for k, e in state["methods"].items() if "final_run" in e}
+
+
+@pytest.mark.parametrize("folder", CELLS, ids=[p.name for p in CELLS])
+def test_each_cells_tables_are_computed_from_its_saved_final_runs(folder):
+    """Each budget's table (``table_b<B>.csv``) and the page's table (``compact.md``) rebuilt from
+    ``final_runs_b<B>.csv`` and the choices in ``bench_state.json``, as `fedsweep bench` builds them."""
+    import pandas as pd
+
+    done = _done(read_state(folder))
+    chosen = {k: {int(b): s for b, s in e["chosen"].items()} for k, e in done.items()}
+    tables = {}
+    for path in sorted(folder.glob("final_runs_b*.csv")):
+        budget = int(path.stem.rsplit("_b", 1)[1])
+        runs, _ = read_runs(str(path))
+        assert set(runs["algorithm"]) <= set(done), "a saved final run of a method whose final runs are not recorded"
+        labels = dict(zip(runs["setting"], runs["setting_label"], strict=True))
+        table, _ = bench_table(runs, chosen, {k: e["tried"] for k, e in done.items()}, budget, METRIC, MODE, labels)
+        table.attrs["mode"] = MODE
+        published = pd.read_csv(folder / f"table_b{budget}.csv")
+        assert list(table["algorithm"]) == list(published["algorithm"])
+        for column in (f"{m} {x}" for m in BENCH_METRICS for x in ("mean", "ci95")):
+            if column in published:
+                assert table[column].tolist() == pytest.approx(published[column].tolist(), rel=1e-12, nan_ok=True), column
+        tables[budget] = table
+    assert tables, f"{folder.name}: no final_runs_b*.csv"
+    assert compact_markdown(tables, METRIC) + "\n" == (folder / "compact.md").read_text()
+
+
+@pytest.mark.parametrize("folder", [p for p in CELLS if (p / "runs").is_dir()],
+                         ids=[p.name for p in CELLS if (p / "runs").is_dir()])
+def test_each_recorded_choice_is_what_the_saved_tuning_runs_give_on_validation(folder):
+    """Where a cell saved its tuning runs (``runs/``), each method's choice at each budget made again from them with
+    every test column removed: selection reads validation scores only, and the saved runs give the recorded choice."""
+    state, checked = read_state(folder), 0
+    for key, entry in state["methods"].items():
+        if "chosen" not in entry:
+            continue
+        runs, _ = read_runs(str(folder / "runs" / f"{entry['tune_run']}.csv"))
+        runs = runs[runs["setting"].isin(entry["settings"])]
+        runs = runs.drop(columns=[c for c in runs.columns if re.match(r"(personalized|global|unseen)_|train_loss", c)])
+        for budget, setting in entry["chosen"].items():
+            assert choose(runs, METRIC, MODE, int(budget)) == setting, (key, budget)
+            checked += 1
+    assert checked
+
+
+def test_every_results_table_of_the_page_is_one_cells_compact_table():
+    """docs/benchmark.md's tables of results (those headed ``| rank | method |``) are, line for line, the
+    ``compact.md`` of a cell folder."""
+    compact = {p.name: (p / "compact.md").read_text().splitlines() for p in CELLS}
+    lines = (ROOT / "docs" / "benchmark.md").read_text().splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("| rank | method |")]
+    assert len(starts) >= 6
+    for i in starts:
+        end = next((j for j in range(i, len(lines)) if not lines[j].startswith("|")), len(lines))
+        assert lines[i:end] in compact.values(), f"docs/benchmark.md:{i + 1}: a results table that is no cell's compact.md"
