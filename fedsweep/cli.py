@@ -11,32 +11,9 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # imported where used: `fedsweep run` starts its tracking process before torch is imported
-    from fedsweep.config import ConfigError
-
-EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 1, 2, 130  # 130: as a shell reports a command ended by Ctrl-C
-
-
-def _print_problems(err: ConfigError) -> int:
-    print(f"error: invalid configuration ({len(err.problems)} problem{'s' * (len(err.problems) != 1)}):", file=sys.stderr)
-    for p in err.problems:
-        print(f"  {p}", file=sys.stderr)
-    return EXIT_BAD_INPUT
-
-
-def _tracking_uri(configured: str | None) -> str | None:
-    """The store a command reads (``--tracking-uri``, else $MLFLOW_TRACKING_URI, else ./mlflow.db); None,
-    after saying why, when it cannot be one."""
-    from fedsweep.checks import tracking_uri_problem
-    from fedsweep.config import resolve_tracking_uri
-
-    uri = resolve_tracking_uri(configured)
-    if problem := tracking_uri_problem(uri):
-        print(f"error: --tracking-uri ({uri}): {problem}", file=sys.stderr)
-        return None
-    return uri
+from fedsweep import cli_table
+from fedsweep.cli_common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, print_problems, tracking_uri
 
 
 def cmd_validate(args) -> int:
@@ -55,7 +32,7 @@ def cmd_validate(args) -> int:
                 continue
             sweep = load_sweep(file)
         except ConfigError as e:
-            code = _print_problems(e)
+            code = print_problems(e)
             continue
         algorithms = sorted({t.config.algorithm.name for t in sweep.trials})
         print(f"{file}: OK — {sweep.describe()}, algorithms: {', '.join(algorithms)}")
@@ -221,106 +198,11 @@ def cmd_bench(args) -> int:
     return 0
 
 
-def cmd_table(args) -> int:
-    from fedsweep.table import best_settings, diverged_settings, merged_markdown, merged_table, to_markdown
-
-    if args.last_evaluations < 1:
-        print(f"error: --last-evaluations: {args.last_evaluations}; allowed: an integer >= 1", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    if args.max_over_rounds and args.last_evaluations > 1:
-        print("error: --max-over-rounds and --last-evaluations exclude each other; give one", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    if args.target_accuracy is not None and not 0 < args.target_accuracy <= 1:
-        print(f"error: --target-accuracy: {args.target_accuracy} is outside (0, 1]; give a fraction, e.g. 0.876", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    if args.budget is not None and args.budget < 1:
-        print(f"error: --budget: {args.budget}; allowed: an integer >= 1 (settings per algorithm)", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    if len(args.from_runs) + len(args.experiment) > 1 and (args.runs_output or args.sweep_run):
-        print("error: --runs-output and --sweep-run take one source; several --experiment/--from-runs make a merged "
-              "methods × datasets table", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    sources = _table_sources(args)
-    if sources is None:
-        return EXIT_BAD_INPUT
-    tables = []
-    for label, runs, sweep_tags in sources:
-        metric = args.metric or sweep_tags.get("fedsweep.metric", "personalized_accuracy_mean")
-        mode = args.mode or sweep_tags.get("fedsweep.mode", "max")
-        select_on = args.select_on or sweep_tags.get("fedsweep.select_on", "test")
-        try:
-            tables.append((label, best_settings(runs, metric, mode, args.group_by, select_on, args.budget)))
-        except KeyError as e:
-            print(f"error: --metric/--group-by: {e.args[0]}", file=sys.stderr)
-            return EXIT_BAD_INPUT
-    if len(tables) > 1:
-        table = merged_table(tables, metric)
-        text = merged_markdown(table)
-    else:
-        table = tables[0][1]
-        text = to_markdown(table)
-        if diverged := diverged_settings(sources[0][1]):
-            text += "\n\n" + diverged
-    if args.format == "markdown":
-        if args.output:
-            with open(args.output, "w") as f:
-                f.write(text + "\n")
-        print(text)
-        return 0
-    if not args.output:
-        print("error: --output FILE is required with --format csv|parquet", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    if args.format == "csv":
-        table.to_csv(args.output, index=False)
-    else:
-        table.to_parquet(args.output, index=False)
-    print(f"wrote {len(table)} row(s) to {args.output}")
-    return 0
-
-
-def _table_sources(args) -> list[tuple[str, object, dict]] | None:
-    """(column label, runs, sweep tags) of each --from-runs file and each --experiment; None after an error."""
-    from pathlib import Path
-
-    from fedsweep.table import load_runs, read_runs, save_runs
-
-    sources = []
-    if args.from_runs and (args.sweep_run or args.target_accuracy is not None or args.last_evaluations > 1 or args.max_over_rounds):
-        print("error: --from-runs: the saved runs are reduced already; give no --sweep-run, --target-accuracy, "
-              "--last-evaluations or --max-over-rounds (save with them instead)", file=sys.stderr)
-        return None
-    for path in args.from_runs:  # the runs a table was built from, saved with --runs-output: no MLflow store
-        try:
-            runs, sweep_tags = read_runs(path)
-        except (OSError, ValueError, KeyError) as e:
-            print(f"error: --from-runs: {path} cannot be read as saved runs: {e}", file=sys.stderr)
-            return None
-        sources.append((sweep_tags.get("fedsweep.bench", Path(path).stem), runs, sweep_tags))
-    if not args.experiment and not sources:
-        print("error: --experiment is required (or --from-runs FILE)", file=sys.stderr)
-        return None
-    if args.experiment and (uri := _tracking_uri(args.tracking_uri)) is None:
-        return None
-    for experiment in args.experiment:
-        try:
-            runs, sweep_tags = load_runs(
-                uri, experiment, args.sweep_run, args.target_accuracy, args.last_evaluations, args.max_over_rounds
-            )
-        except LookupError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return None
-        if args.runs_output:
-            save_runs(runs, sweep_tags, args.runs_output)
-            print(f"wrote {len(runs)} run(s) to {args.runs_output} (and the sweep's tags to {args.runs_output}.tags.json)")
-        sources.append((experiment, runs, sweep_tags))
-    return sources
-
-
 def cmd_report(args) -> int:
     """Rebuild a sweep's report and log it to its parent run (the newest sweep of the experiment by default)."""
     from fedsweep.report import build_report, log_report, newest_sweep_run
 
-    if (uri := _tracking_uri(args.tracking_uri)) is None:
+    if (uri := tracking_uri(args.tracking_uri)) is None:
         return EXIT_BAD_INPUT
     try:
         parent, tags = newest_sweep_run(uri, args.experiment, args.sweep_run)
@@ -352,7 +234,7 @@ def cmd_algorithms(args) -> int:
 
 
 def cmd_ui(args) -> int:
-    if (uri := _tracking_uri(args.tracking_uri)) is None:
+    if (uri := tracking_uri(args.tracking_uri)) is None:
         return EXIT_BAD_INPUT
     # this interpreter's MLflow: `mlflow` need not be on PATH (.venv/bin/fedsweep run without the venv activated)
     # one worker process, for one analyst's browser, unless MLFLOW_WORKERS says otherwise (as in infra/mlflow_server.sh,
@@ -395,52 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--quiet", action="store_true", help="no Tune status output")
     s.set_defaults(func=cmd_bench)
 
-    s = sub.add_parser("table", help="best setting per algorithm, mean ± 95%% CI over seeds, read from MLflow")
-    s.add_argument("--experiment", action="append", default=[],
-                   help="MLflow experiment name (required unless --from-runs); several: a methods × experiments table")
-    s.add_argument("--sweep-run", default=None, help="only the trials of this sweep parent run id")
-    s.add_argument("--runs-output", default=None, metavar="CSV",
-                   help="also save the runs behind the table (parameters, reduced metrics; the sweep's tags in CSV.tags.json)")
-    s.add_argument("--from-runs", action="append", default=[], metavar="CSV",
-                   help="build the table from runs saved with --runs-output instead of an MLflow store (docs/results/); "
-                   "several (or with --experiment): one methods × datasets table, a column pair per source")
-    s.add_argument(
-        "--metric", default=None,
-        help="metric to rank by, at the final round unless --last-evaluations or --max-over-rounds (default: the sweep's)",
-    )
-    s.add_argument("--mode", choices=["max", "min"], default=None)
-    s.add_argument(
-        "--select-on", choices=["test", "validation"], default=None,
-        help="rank settings by the metric on test data, or on the clients' validation parts (val_<metric>) and "
-        "report the chosen settings' test metrics (default: the sweep's sweep.select_on, else test)",
-    )
-    s.add_argument(
-        "--budget", type=int, default=None, metavar="N",
-        help="each algorithm's best of only the first N settings its search tried (trial order), so that "
-        "algorithms with more hyperparameters do not win by having more tries",
-    )
-    s.add_argument("--format", choices=["markdown", "csv", "parquet"], default="markdown")
-    s.add_argument("--output", default=None, help="file to write (required for csv and parquet)")
-    s.add_argument("--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")
-    s.add_argument(
-        "--last-evaluations", type=int, default=1, metavar="N",
-        help="report each run's mean over its last N evaluation rounds (default 1: the final round)",
-    )
-    s.add_argument(
-        "--max-over-rounds", action="store_true",
-        help="report each run's best evaluation round instead of its final one (how pFedMe's published code "
-        "scores a run); not with --last-evaluations",
-    )
-    s.add_argument(
-        "--target-accuracy", type=float, default=None, metavar="ACC",
-        help="also report the round and the model transmissions at which personalized_accuracy_mean first "
-        "reached ACC (a fraction, e.g. 0.876), over the seeds that reached it",
-    )
-    s.add_argument(
-        "--group-by", action="append", default=[], metavar="PARAM",
-        help="split rows by this logged parameter too (e.g. model.name, algorithm.local_steps); repeatable",
-    )
-    s.set_defaults(func=cmd_table)
+    cli_table.add_parser(sub)
 
     s = sub.add_parser("report", help="rebuild a sweep's report (table, figures, best/* metrics) on its parent MLflow run")
     s.add_argument("--experiment", required=True, help="MLflow experiment name")
@@ -470,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         from fedsweep.config import ConfigError  # imported by then: it is the configuration's error
 
         if isinstance(e, ConfigError):
-            return _print_problems(e)
+            return print_problems(e)
         raise
 
 

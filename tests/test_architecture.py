@@ -116,7 +116,7 @@ def _within(module: str, packages: tuple[str, ...]) -> bool:
 #: docs/architecture.md's layers, top to bottom, and the modules (or packages) of each: a module imports only
 #: modules of its own layer or of a layer below it, lazy imports included.
 LAYERS = {
-    "commands": ("fedsweep.cli",),
+    "commands": ("fedsweep.cli", "fedsweep.cli_table", "fedsweep.cli_common"),
     "benchmark": ("fedsweep.bench", "fedsweep.bench_run"),
     "sweeps": ("fedsweep.sweep", "fedsweep.stopping", "fedsweep.optuna_search", "fedsweep.table", "fedsweep.report",
                "fedsweep.checkpoint"),
