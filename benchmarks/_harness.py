@@ -63,7 +63,9 @@ def timed_actor_run(cfg, num_cpus: int, around_rounds=contextlib.nullcontext) ->
     from fedsweep.experiment import ExperimentRunner
 
     t0 = time.perf_counter()
-    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+    from fedsweep.experiment import start_local_ray  # the dashboard agent on a free port, as fedsweep starts Ray
+
+    start_local_ray(num_cpus=num_cpus, log_to_driver=False)
     runner = ExperimentRunner(cfg)
     try:
         runner.start()

@@ -82,7 +82,9 @@ def main() -> int:
     if os.environ.get("RAY_ADDRESS"):  # a running instance (the tests' own): its CPUs, this machine's GPUs
         ray.init(log_to_driver=False)
     else:
-        ray.init(num_cpus=os.cpu_count(), num_gpus=gpus, include_dashboard=False, log_to_driver=False)
+        from fedsweep.experiment import start_local_ray  # the dashboard agent on a free port, as fedsweep starts Ray
+
+        start_local_ray(num_cpus=os.cpu_count(), num_gpus=gpus, log_to_driver=False)
     cpus = int(ray.cluster_resources()["CPU"])
     actors = -(-args.clients // args.clients_per_actor)
     print(f"{torch.cuda.get_device_name(0) if gpus else 'no GPU'}, {cpus} CPUs; {args.clients} clients in {actors} "

@@ -114,7 +114,9 @@ def main() -> int:
         print("no CUDA device: this check needs a GPU", file=sys.stderr)
         return 1
     gpus = torch.cuda.device_count()
-    ray.init(num_cpus=os.cpu_count(), num_gpus=gpus, include_dashboard=False, log_to_driver=False)
+    from fedsweep.experiment import start_local_ray  # the dashboard agent on a free port, as fedsweep starts Ray
+
+    start_local_ray(num_cpus=os.cpu_count(), num_gpus=gpus, log_to_driver=False)
     print(f"torch {torch.__version__}, ray {ray.__version__}, {torch.cuda.get_device_name(0)} x{gpus}, "
           f"{os.cpu_count()} CPUs; cluster {ray.cluster_resources()}")
 

@@ -89,7 +89,9 @@ def worker(args) -> dict:
     num_params = sum(p.numel() for p in build_model(cfg.model, 60, 10).parameters())
     sampler = Sampler()
     sampler.start()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    from fedsweep.experiment import start_local_ray  # the dashboard agent on a free port, as fedsweep starts Ray
+
+    start_local_ray(num_cpus=2, log_to_driver=False)
     runner = ExperimentRunner(cfg)
     try:
         runner.start()

@@ -42,9 +42,9 @@ def worker(args) -> dict:
     with compute_threads():
         alone = rounds_ms(1)
         if args.ray:
-            import ray
+            from fedsweep.experiment import start_local_ray  # the dashboard agent on a free port, as fedsweep starts it
 
-            ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+            start_local_ray(num_cpus=1, log_to_driver=False)
             time.sleep(5)  # past its start-up
         second = rounds_ms(1 + args.rounds)
     return {"alone_ms": alone, "second_ms": second, "ratio": second / alone}

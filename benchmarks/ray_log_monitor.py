@@ -25,7 +25,9 @@ def measure(seconds: float, actors: int) -> dict:
     import psutil
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    from fedsweep.experiment import start_local_ray  # the dashboard agent on a free port, as fedsweep starts Ray
+
+    start_local_ray(num_cpus=2, log_to_driver=False)
 
     @ray.remote(num_cpus=0)
     class Idle:

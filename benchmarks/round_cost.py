@@ -84,7 +84,9 @@ def worker_call(args) -> dict:
     import psutil
     import ray
 
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    from fedsweep.experiment import start_local_ray  # the dashboard agent on a free port, as fedsweep starts Ray
+
+    start_local_ray(num_cpus=1, log_to_driver=False)
 
     @ray.remote(num_cpus=0)
     class Callee:

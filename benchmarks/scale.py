@@ -67,7 +67,9 @@ def worker(args) -> dict:
     sampler = Sampler()
     sampler.start()
     t0 = time.perf_counter()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    from fedsweep.experiment import start_local_ray  # the dashboard agent on a free port, as fedsweep starts Ray
+
+    start_local_ray(num_cpus=2, log_to_driver=False)
     runner = ExperimentRunner(cfg)
     times: dict[int, float] = {}
     try:
