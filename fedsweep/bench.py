@@ -29,6 +29,7 @@ one sweep against each other, so one method's trials would be stopped for anothe
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, replace
 from functools import cached_property
@@ -74,6 +75,7 @@ class Bench:
     methods: dict[str, dict[str, Any]]  # key -> the method's algorithm section (common fields in it)
     tunes: dict[str, Sweep]
     only: list[str] | None = None  # --methods: the methods this run tunes and re-runs (None: every method of the file)
+    in_file: list[str] = dataclasses.field(default_factory=list)  # every method of the methods file, --methods or not
 
     @property
     def budgets(self) -> list[int]:
@@ -176,6 +178,7 @@ def load_bench(path: str | Path, check_cluster: bool = True, only: list[str] | N
             problems.append(f"{_where(file, lines, ('sweep', key))}: sweep.{key}: {_short(sweep_section.get(key))} in a "
                             f"benchmark file; allowed: {allowed}")
     methods: dict[str, dict] = {}
+    in_file: list[str] = []
     if settings is not None:
         budget = sweep_section.get("num_samples")
         if isinstance(budget, int) and any(not 1 <= b < budget for b in settings.budgets):
@@ -185,6 +188,7 @@ def load_bench(path: str | Path, check_cluster: bool = True, only: list[str] | N
             problems.append(f"{_where(file, lines, ('bench', 'final_seeds'))}: bench.final_seeds: {overlap} also tune "
                             "(sweep.seeds); allowed: fresh seeds, none of sweep.seeds")
         methods = _methods(Path(file).parent / settings.methods, settings.common, problems)
+        in_file = list(methods)
         if only:
             if unknown := [m for m in only if m not in methods]:
                 problems.append(f"--methods: {', '.join(unknown)} not in {settings.methods}; allowed: {', '.join(methods)}")
@@ -193,7 +197,7 @@ def load_bench(path: str | Path, check_cluster: bool = True, only: list[str] | N
         raise ConfigError(problems)
     assert settings is not None
     body = {k: v for k, v in raw.items() if k not in ("bench", "sweep")}
-    bench = Bench(file, str(sweep_section.get("name", Path(file).stem)), settings, body, sweep_section, methods, {}, only)
+    bench = Bench(file, str(sweep_section.get("name", Path(file).stem)), settings, body, sweep_section, methods, {}, only, in_file)
     for key, algorithm in methods.items():
         try:
             # a random search of this method alone: its draws, checked as `fedsweep sweep` checks them

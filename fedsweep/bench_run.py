@@ -135,6 +135,9 @@ def run_bench(bench: Bench, output: str | Path, resume: bool = False, verbose: i
         _check_seeds(bench, key, methods[key], folder)
     _choose_again(bench, methods, uri, experiment, folder)
     write_state(folder, state)
+    done = [k for k in bench.in_file if "final_run" in methods.get(k, {})]
+    print(f"[bench {bench.name}] {folder}: {len(done)} of the file's {len(bench.in_file)} methods done (their final runs "
+          f"recorded); this command: {', '.join(k for k in bench.tunes if k not in done) or 'nothing left to run'}", flush=True)
     failed = 0
     if pending := [k for k in bench.tunes if "chosen" not in methods[k]]:
         sweep = bench.tune_sweep(pending)

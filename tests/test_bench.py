@@ -50,7 +50,8 @@ def files(tmp_path):
                       bench_file(tmp_path, "dirichlet", {"name": "dirichlet", "concentration": 0.5}))
 
 
-def test_a_two_method_benchmark_tunes_equally_selects_on_validation_and_merges(ray_session, tracking_uri, files, monkeypatch):
+def test_a_two_method_benchmark_tunes_equally_selects_on_validation_and_merges(ray_session, tracking_uri, files, monkeypatch,
+                                                                                 capsys):
     folder, a, b = files
     out = folder / "results"
     assert main(["bench", a, b, "--output", str(out), "--quiet"]) == 0
@@ -109,7 +110,11 @@ def test_a_two_method_benchmark_tunes_equally_selects_on_validation_and_merges(r
     assert after == before
     assert main(["bench", a, "--output", str(out), "--quiet"]) == 2
     # --methods runs one method, and the tables still hold every method of the file that has its final runs
+    capsys.readouterr()
     assert main(["bench", a, "--output", str(out), "--quiet", "--resume", "--methods", "local"]) == 0
+    # where the benchmark stands, said first: every method of the file counted, --methods or not
+    assert f"[bench skew] {out / 'skew'}: 2 of the file's 2 methods done (their final runs recorded); this command: " \
+           "nothing left to run" in capsys.readouterr().out
     assert sorted(pd.read_csv(out / "skew" / "table_b3.csv")["algorithm"]) == ["fedavg", "local"]
     assert "Not in this table" not in (out / "skew" / "table_b3.md").read_text()
 
