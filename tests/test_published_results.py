@@ -17,12 +17,18 @@ from fedsweep.table import read_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results" / "benchmark"
-METRIC, MODE = "personalized_accuracy_mean", "max"  # every cell's (sweeps/benchmark/*.yaml)
 CELLS = sorted(p for p in RESULTS.iterdir() if (p / "bench_state.json").exists())
 
 
 def _done(state: dict) -> dict[str, dict]:
     return {k: e for k, e in state["methods"].items() if "final_run" in e}
+
+
+def _ranking(folder: Path) -> tuple[str, str]:
+    """The metric and mode the cell ranked by, as `fedsweep bench` recorded them beside its final runs (its tags)."""
+    tags = read_runs(str(next(folder.glob("final_runs_b*.csv"))))[1]
+    assert tags["fedsweep.select_on"] == "validation"
+    return tags["fedsweep.metric"], tags["fedsweep.mode"]
 
 
 @pytest.mark.parametrize("folder", CELLS, ids=[p.name for p in CELLS])
@@ -31,7 +37,7 @@ def test_each_cells_tables_are_computed_from_its_saved_final_runs(folder):
     ``final_runs_b<B>.csv`` and the choices in ``bench_state.json``, as `fedsweep bench` builds them."""
     import pandas as pd
 
-    done = _done(read_state(folder))
+    done, (metric, mode) = _done(read_state(folder)), _ranking(folder)
     chosen = {k: {int(b): s for b, s in e["chosen"].items()} for k, e in done.items()}
     tables = {}
     for path in sorted(folder.glob("final_runs_b*.csv")):
@@ -39,8 +45,8 @@ def test_each_cells_tables_are_computed_from_its_saved_final_runs(folder):
         runs, _ = read_runs(str(path))
         assert set(runs["algorithm"]) <= set(done), "a saved final run of a method whose final runs are not recorded"
         labels = dict(zip(runs["setting"], runs["setting_label"], strict=True))
-        table, _ = bench_table(runs, chosen, {k: e["tried"] for k, e in done.items()}, budget, METRIC, MODE, labels)
-        table.attrs["mode"] = MODE
+        table, _ = bench_table(runs, chosen, {k: e["tried"] for k, e in done.items()}, budget, metric, mode, labels)
+        table.attrs["mode"] = mode
         published = pd.read_csv(folder / f"table_b{budget}.csv")
         assert list(table["algorithm"]) == list(published["algorithm"])
         for column in (f"{m} {x}" for m in BENCH_METRICS for x in ("mean", "ci95")):
@@ -48,7 +54,7 @@ def test_each_cells_tables_are_computed_from_its_saved_final_runs(folder):
                 assert table[column].tolist() == pytest.approx(published[column].tolist(), rel=1e-12, nan_ok=True), column
         tables[budget] = table
     assert tables, f"{folder.name}: no final_runs_b*.csv"
-    assert compact_markdown(tables, METRIC) + "\n" == (folder / "compact.md").read_text()
+    assert compact_markdown(tables, metric) + "\n" == (folder / "compact.md").read_text()
 
 
 @pytest.mark.parametrize("folder", [p for p in CELLS if (p / "runs").is_dir()],
@@ -56,7 +62,7 @@ def test_each_cells_tables_are_computed_from_its_saved_final_runs(folder):
 def test_each_recorded_choice_is_what_the_saved_tuning_runs_give_on_validation(folder):
     """Where a cell saved its tuning runs (``runs/``), each method's choice at each budget made again from them with
     every test column removed: selection reads validation scores only, and the saved runs give the recorded choice."""
-    state, checked = read_state(folder), 0
+    state, checked, (metric, mode) = read_state(folder), 0, _ranking(folder)
     for key, entry in state["methods"].items():
         if "chosen" not in entry:
             continue
@@ -64,7 +70,7 @@ def test_each_recorded_choice_is_what_the_saved_tuning_runs_give_on_validation(f
         runs = runs[runs["setting"].isin(entry["settings"])]
         runs = runs.drop(columns=[c for c in runs.columns if re.match(r"(personalized|global|unseen)_|train_loss", c)])
         for budget, setting in entry["chosen"].items():
-            assert choose(runs, METRIC, MODE, int(budget)) == setting, (key, budget)
+            assert choose(runs, metric, mode, int(budget)) == setting, (key, budget)
             checked += 1
     assert checked
 
