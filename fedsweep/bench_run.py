@@ -248,7 +248,8 @@ def write_tables(bench: Bench, state: dict[str, Any], uri: str, folder: Path) ->
     first = next(iter(bench.tunes.values()))
     experiment, settings = first.trials[0].config.tracking.experiment, first.settings
     # a method whose draws changed since its runs (left out of a --methods run's checks) is not read as this protocol's
-    done = {k: e for k, e in state["methods"].items()
+    # in the methods' order and the runs' by seed: what a run writes, a resume that runs nothing writes byte for byte
+    done = {k: e for k, e in sorted(state["methods"].items())
             if "final_run" in e and k in bench.tunes and e.get("settings") == sorted(bench.sections[k])}
     frames = []
     for run in dict.fromkeys(e["final_run"] for e in done.values()):
@@ -258,6 +259,8 @@ def write_tables(bench: Bench, state: dict[str, Any], uri: str, folder: Path) ->
         runs = _phase_runs(bench, uri, experiment, run, folder, settings.target_accuracy)
         frames.append(runs[runs["setting"].isin(mine)])
     final = pd.concat(frames or [pd.DataFrame()], ignore_index=True)
+    if len(final):
+        final = final.sort_values(["setting", "seed", "run_id"], kind="stable", ignore_index=True)
     chosen = {k: {int(b): s for b, s in e["chosen"].items()} for k, e in done.items()}
     tried = {k: e["tried"] for k, e in done.items()}
     labels = {s: bench.label(k, s) for k, by_budget in chosen.items() for s in by_budget.values() if s is not None}
