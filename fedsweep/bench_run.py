@@ -248,7 +248,7 @@ def write_tables(bench: Bench, state: dict[str, Any], uri: str, folder: Path) ->
     first = next(iter(bench.tunes.values()))
     experiment, settings = first.trials[0].config.tracking.experiment, first.settings
     # a method whose draws changed since its runs (left out of a --methods run's checks) is not read as this protocol's
-    # in the methods' order and the runs' by seed: what a run writes, a resume that runs nothing writes byte for byte
+    # methods sorted, runs by setting and seed: what a run writes, a resume that runs nothing writes byte for byte
     done = {k: e for k, e in sorted(state["methods"].items())
             if "final_run" in e and k in bench.tunes and e.get("settings") == sorted(bench.sections[k])}
     frames = []
