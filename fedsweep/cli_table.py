@@ -36,6 +36,9 @@ def add_parser(sub) -> None:
     )
     s.add_argument("--format", choices=["markdown", "csv", "parquet"], default="markdown")
     s.add_argument("--output", default=None, help="file to write (required for csv and parquet)")
+    s.add_argument("--heatmap", default=None, metavar="PNG",
+                   help="with several sources: also write the methods × datasets heatmap (each method's rank within "
+                   "a dataset, labelled with its mean), as `fedsweep bench` writes it for several files")
     s.add_argument("--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")
     s.add_argument(
         "--last-evaluations", type=int, default=1, metavar="N",
@@ -77,6 +80,9 @@ def cmd_table(args) -> int:
         print("error: --runs-output and --sweep-run take one source; several --experiment/--from-runs make a merged "
               "methods × datasets table", file=sys.stderr)
         return EXIT_BAD_INPUT
+    if args.heatmap and len(args.from_runs) + len(args.experiment) < 2:
+        print("error: --heatmap: a heatmap is of methods × datasets; give two or more --from-runs/--experiment", file=sys.stderr)
+        return EXIT_BAD_INPUT
     sources = _table_sources(args)
     if sources is None:
         return EXIT_BAD_INPUT
@@ -93,6 +99,11 @@ def cmd_table(args) -> int:
     if len(tables) > 1:
         table = merged_table(tables, metric)
         text = merged_markdown(table)
+        if args.heatmap and not table.empty:
+            from fedsweep.bench_run import heatmap_figure
+
+            with open(args.heatmap, "wb") as f:
+                f.write(heatmap_figure(table, metric, mode))
     else:
         table = tables[0][1]
         text = to_markdown(table)

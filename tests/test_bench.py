@@ -97,9 +97,12 @@ def test_a_two_method_benchmark_tunes_equally_selects_on_validation_and_merges(r
     # the same merge from the saved runs alone, as `fedsweep table` gives it
     assert main(["table", "--from-runs", str(out / "skew" / "final_runs_b3.csv"),
                  "--from-runs", str(out / "dirichlet" / "final_runs_b3.csv"), "--format", "csv",
-                 "--output", str(folder / "merged.csv")]) == 0
+                 "--output", str(folder / "merged.csv"), "--heatmap", str(folder / "heatmap.png")]) == 0
     again = pd.read_csv(folder / "merged.csv")
     pd.testing.assert_frame_equal(again, merged)
+    assert (folder / "heatmap.png").read_bytes() == (out / "heatmap.png").read_bytes()
+    assert main(["table", "--from-runs", str(out / "skew" / "final_runs_b3.csv"), "--heatmap", str(folder / "one.png")]) == 2
+    assert not (folder / "one.png").exists()
 
     # a finished benchmark resumed runs nothing more; run again without --resume, it is refused
     from mlflow import MlflowClient

@@ -85,3 +85,27 @@ def test_every_results_table_of_the_page_is_one_cells_compact_table():
     for i in starts:
         end = next((j for j in range(i, len(lines)) if not lines[j].startswith("|")), len(lines))
         assert lines[i:end] in compact.values(), f"docs/benchmark.md:{i + 1}: a results table that is no cell's compact.md"
+
+
+def test_the_summary_is_the_merge_of_the_cells_it_names():
+    """``summary.csv`` and ``summary.md`` are the methods × datasets merge of the final runs of the cells they
+    name (each cell's own budget, its largest), as `fedsweep table --from-runs` builds it: a cell's rows rerun
+    or added without the summary built again fail here."""
+    import pandas as pd
+
+    from fedsweep.table import best_settings, merged_markdown, merged_table
+
+    published = pd.read_csv(RESULTS / "summary.csv")
+    labels = [c.removesuffix(" mean") for c in published.columns if c.endswith(" mean")]
+    assert len(labels) >= 5
+    sources = []
+    for label in labels:
+        saved = max((RESULTS / label).glob("final_runs_b*.csv"), key=lambda p: int(p.stem.rsplit("_b", 1)[1]))
+        runs, tags = read_runs(str(saved))
+        metric = tags["fedsweep.metric"]
+        sources.append((label, best_settings(runs, metric, tags["fedsweep.mode"], (), tags["fedsweep.select_on"])))
+    merged = merged_table(sources, metric)
+    assert list(merged["algorithm"]) == list(published["algorithm"])
+    for column in published.columns[1:]:
+        assert merged[column].tolist() == pytest.approx(published[column].tolist(), rel=1e-12, nan_ok=True), column
+    assert merged_markdown(merged) + "\n" == (RESULTS / "summary.md").read_text()
