@@ -87,13 +87,13 @@ def test_every_results_table_of_the_page_is_one_cells_compact_table():
         assert lines[i:end] in compact.values(), f"docs/benchmark.md:{i + 1}: a results table that is no cell's compact.md"
 
 
-def test_the_summary_is_the_merge_of_the_cells_it_names():
-    """``summary.csv`` and ``summary.md`` are the methods × datasets merge of the final runs of the cells they
-    name (each cell's own budget, its largest), as `fedsweep table --from-runs` builds it: a cell's rows rerun
-    or added without the summary built again fail here."""
+def test_the_summary_is_the_merge_of_the_cells_it_names(tmp_path):
+    """``summary.csv`` and ``summary.md`` are what `fedsweep table --from-runs` (docs/benchmark.md's command) gives
+    from the final runs of the cells they name (each cell's own budget, its largest): a cell's rows rerun or added
+    without the summary built again fail here."""
     import pandas as pd
 
-    from fedsweep.table import best_settings, merged_markdown, merged_table
+    from fedsweep.cli import main
 
     published = pd.read_csv(RESULTS / "summary.csv")
     labels = [c.removesuffix(" mean") for c in published.columns if c.endswith(" mean")]
@@ -101,11 +101,12 @@ def test_the_summary_is_the_merge_of_the_cells_it_names():
     sources = []
     for label in labels:
         saved = max((RESULTS / label).glob("final_runs_b*.csv"), key=lambda p: int(p.stem.rsplit("_b", 1)[1]))
-        runs, tags = read_runs(str(saved))
-        metric = tags["fedsweep.metric"]
-        sources.append((label, best_settings(runs, metric, tags["fedsweep.mode"], (), tags["fedsweep.select_on"])))
-    merged = merged_table(sources, metric)
+        sources += ["--from-runs", str(saved)]
+    assert main(["table", *sources, "--format", "csv", "--output", str(tmp_path / "summary.csv")]) == 0
+    assert main(["table", *sources, "--output", str(tmp_path / "summary.md")]) == 0
+    merged = pd.read_csv(tmp_path / "summary.csv")
+    assert list(merged.columns) == list(published.columns)
     assert list(merged["algorithm"]) == list(published["algorithm"])
     for column in published.columns[1:]:
         assert merged[column].tolist() == pytest.approx(published[column].tolist(), rel=1e-12, nan_ok=True), column
-    assert merged_markdown(merged) + "\n" == (RESULTS / "summary.md").read_text()
+    assert (tmp_path / "summary.md").read_text() == (RESULTS / "summary.md").read_text()
