@@ -61,16 +61,14 @@ def config_dict(**sections) -> dict:
     return d
 
 
-def assert_running(proc, deadline: float, what: str, log: Path | None = None) -> None:
+def assert_running(proc, deadline: float, what: str) -> None:
     """A test's sweep process is still running, before ``deadline`` (``time.time()``): else the test fails naming
-    ``what`` it waited for, with the end of the process's output when it exited (its error, not only its code):
-    from its pipes, or from ``log``, the file its output was sent to."""
+    ``what`` it waited for, with the end of the process's output when it exited (its error, not only its code)."""
     import time
 
     if proc.poll() is not None:
         out, err = proc.communicate()
-        text = (out or "") + (err or "") + (log.read_text(errors="replace") if log is not None else "")
-        pytest.fail(f"the sweep exited {proc.returncode} before {what}:\n{text[-4000:]}")
+        pytest.fail(f"the sweep exited {proc.returncode} before {what}:\n{((out or '') + (err or ''))[-4000:]}")
     assert time.time() < deadline, f"the sweep stalled before {what}"
 
 

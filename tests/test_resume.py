@@ -108,10 +108,8 @@ def test_killed_sweep_resumes_without_rerunning_or_duplicating(tmp_path, storage
     err = capsys.readouterr().err
     assert "nothing to resume" in err and "sweep.storage_path" in err
 
-    log = tmp_path / "driver.log"  # a file, not a pipe nobody reads while waiting: a failure shows its error
-    with log.open("w") as out:
-        driver = subprocess.Popen([FEDSWEEP, "sweep", str(path), "--quiet"], stdout=out, stderr=subprocess.STDOUT,
-                                  env=env, cwd=tmp_path, start_new_session=True)
+    driver = subprocess.Popen([FEDSWEEP, "sweep", str(path), "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, env=env, cwd=tmp_path, start_new_session=True)  # a failure shows its output
     deadline = time.time() + 300
     def progressed(runs) -> bool:  # 2 trials done, and a running one past a few checkpoints
         from mlflow import MlflowClient
@@ -121,7 +119,7 @@ def test_killed_sweep_resumes_without_rerunning_or_duplicating(tmp_path, storage
         return len(runs) - len(running) >= 2 and max(steps, default=0) >= 3
 
     while not progressed(children(uri)):
-        assert_running(driver, deadline, "it could be killed", log)
+        assert_running(driver, deadline, "it could be killed")
         time.sleep(0.5)
     kill_session(driver)
     before = children(uri)
