@@ -1,6 +1,7 @@
 """Benchmark scripts run in CI size so that they cannot rot where no GPU is lent: ``benchmarks/cifar_gpu.py``'s CPU
 path (its GPU variants run only where ``torch.cuda`` sees a device), and ``benchmarks/pfl_cifar.py``'s fedsweep
-variants on the CPU (its pfl-research variant needs pfl's environment: ``--pfl-python none`` here)."""
+variants on the CPU (its pfl-research variant needs pfl's environment: ``--pfl-python none`` here); and the CPU-only
+scripts that measure a kernel (trial split, plain forward, stack width)."""
 
 from __future__ import annotations
 
@@ -81,3 +82,15 @@ def test_the_plain_forward_script_times_both_paths_and_finds_the_same_metrics():
     out = main(["--workload", "powerlaw", "--rounds", "3", "--repeats", "1"])
     for layout in ("stacked", "one by one"):
         assert out[layout]["same_metrics"] and out[layout]["general_s"] > 0 and out[layout]["direct_s"] > 0
+
+
+def test_the_stack_width_script_times_every_width_of_both_models():
+    """``benchmarks/stack_width.py`` in a few steps: a cost per client for every stack width of both MLPs, and
+    stacking ten clients costs less per client than one alone (what the stacked layout is for)."""
+    from benchmarks.stack_width import WIDTHS, main
+
+    out = main(["--repeats", "1", "--steps", "3"])
+    assert sorted(out) == [60, 784]
+    for per_client in out.values():
+        assert sorted(per_client) == sorted(WIDTHS) and all(s > 0 for s in per_client.values())
+        assert per_client[10] < per_client[1]
