@@ -4,8 +4,8 @@ Issue 35's grid target (16 settings × 200 rounds ≥ 3× pfl-research's process
 arithmetic (docs/performance.md, section 9). One way past it would pack several settings of a grid into one
 trial, their clients stacked together: 8 settings × 10 clients trained as one stack of 80. Whether that can pay
 depends on how a stacked step's cost per client moves with the stack's width, which this measures with fedsweep's
-own stacked kernel (``FlatModel.rows``: the batched products of a plain MLP; each client's mean cross-entropy, as
-``StackedContext.loss``; ``autograd.grad`` of their sum; the SGD update), one torch thread, every width alternated
+own stacked kernel (``StackedContext.loss``: each client's mean cross-entropy of ``FlatModel.rows``, the batched
+products of a plain MLP; ``algorithms.base.grad`` of their sum, as ``sgd`` takes it; the update), one torch thread, every width alternated
 repetition by repetition in one process, so the ratios hold on a loaded machine too.
 
 Models: the peer workloads' MLPs (``benchmarks/pfl_peer.py``): 784-20-10 (dirichlet, MNIST) and 60-20-10
@@ -25,8 +25,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
-import torch.nn.functional as F
 
+from fedsweep.algorithms.base import ClientContext, grad
+from fedsweep.algorithms.stacked import StackedContext
+from fedsweep.client_data import ClientData
 from fedsweep.models import FlatModel, MLPConfig, build_model
 
 WIDTHS = [1, 5, 10, 20, 40, 80]
@@ -38,13 +40,12 @@ def step_seconds(model: FlatModel, features: int, width: int, batch: int, steps:
     w = model.initial_vector(0).repeat(width, 1)
     x = torch.rand(width, batch, features, generator=gen)
     y = torch.randint(0, model.num_classes, (width, batch), generator=gen)
+    stacked = StackedContext([ClientContext(model, ClientData(x[c], y[c], x[c, :0], y[c, :0]), torch.Generator())
+                              for c in range(width)])
 
     def step(w: torch.Tensor) -> torch.Tensor:
-        w = w.detach().requires_grad_(True)
-        logits = model.rows(w, x)
-        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(y.shape).mean(1)
-        (g,) = torch.autograd.grad(loss.sum(), w)
-        return (w - 0.05 * g).detach()
+        g, _ = grad(stacked.loss, w, (x, y))  # the stacked clients' own loss and gradient, as sgd takes them
+        return w - 0.05 * g
 
     for _ in range(10):
         w = step(w)
@@ -72,10 +73,9 @@ def main(argv: list[str] | None = None) -> dict[int, dict[int, float]]:
         ref = statistics.median(times[10]) / 10
         print(f"\nMLP {features}-20-10, batch {args.batch}, one thread; median of {args.repeats} (alternated)")
         print("width | ms a step | ms per client | per client / width 10's")
-        for c in WIDTHS:
-            s = statistics.median(times[c])
-            print(f"{c:5d} | {1e3 * s:9.3f} | {1e3 * s / c:13.4f} | {s / c / ref:6.2f}")
         out[features] = {c: statistics.median(times[c]) / c for c in WIDTHS}
+        for c, per_client in out[features].items():
+            print(f"{c:5d} | {1e3 * per_client * c:9.3f} | {1e3 * per_client:13.4f} | {per_client / ref:6.2f}")
     return out
 
 
