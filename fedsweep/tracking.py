@@ -10,6 +10,7 @@ import contextlib
 import functools
 import json
 import math
+import os
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -41,14 +42,22 @@ PLATFORM_TAG = f"{TAG_PREFIX}platform"
 CODE_TAG = f"{TAG_PREFIX}code"
 
 
+#: Environment variables that change which kernels MKL and oneDNN run, and so a run's numbers (each moved FedAvg's
+#: accuracy on the MNIST pathological small-CNN cell by up to 0.4 points on one Intel CPU: docs/reproduction.md).
+LIBRARY_DISPATCH = ("MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
+
+
 @functools.cache
 def run_platform() -> str:
     """What a run's numbers depend on besides its config and seed: torch's build and the vector instructions its CPU
-    kernels dispatch to (``ATEN_CPU_CAPABILITY``), the CPU's model, the GPU's when one is visible. The same config
-    and seed give the same numbers bit for bit on one platform; on another the float sums round differently in
-    their last digits (``ATEN_CPU_CAPABILITY=default`` against ``avx2`` moves FedAvg's global loss in the 8th digit
-    within 20 rounds), which over hundreds of rounds can flip a prediction (docs/reproduction.md). Read in the
-    process that logs the run: on one node, where its clients trained."""
+    kernels dispatch to (``ATEN_CPU_CAPABILITY``), the CPU's model, the GPU's when one is visible, and the settings
+    by which MKL (matrix products) and oneDNN (convolutions) are told to pick their own kernels, which they choose by
+    the CPU and not by ``ATEN_CPU_CAPABILITY`` (:data:`LIBRARY_DISPATCH`; named only when set). The same config and
+    seed give the same numbers bit for bit on one platform; on another the float sums round differently in their
+    last digits (``ATEN_CPU_CAPABILITY=default`` against ``avx2`` moves FedAvg's global loss in the 8th digit within
+    20 rounds), which over hundreds of rounds can flip a prediction; an Intel and an AMD CPU differ so even with
+    AVX2 kernels on both (docs/reproduction.md, "Same seed, other machine"). Read in the process that logs the
+    run: on one node, where its clients trained."""
     import platform as host
 
     import torch
@@ -60,8 +69,9 @@ def run_platform() -> str:
     cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")),
                host.processor() or "unknown CPU")
     gpu = f", {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""
+    told = "".join(f", {var}={os.environ[var]}" for var in LIBRARY_DISPATCH if os.environ.get(var))
     return (f"torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()}), {cpu} ({host.machine()}){gpu}, "
-            f"Python {host.python_version()}")
+            f"Python {host.python_version()}{told}")
 
 
 @functools.cache

@@ -156,6 +156,25 @@ def test_a_run_names_the_platform_and_the_code_its_numbers_came_from(tmp_path):
     assert list(read_runs(str(tmp_path / "runs.csv"))[0][["platform", "code"]].iloc[0]) == [tags[PLATFORM_TAG], tags[CODE_TAG]]
 
 
+def test_the_platform_names_the_settings_that_choose_mkl_and_onednn_kernels():
+    """MKL and oneDNN pick their kernels by the CPU, not by ATEN_CPU_CAPABILITY, and each of these variables changes
+    that choice and so the numbers (docs/reproduction.md, "Same seed, other machine"): a run made with one set names
+    it in its platform, one made without names none."""
+    import os
+    import subprocess
+    import sys
+
+    from fedsweep.tracking import LIBRARY_DISPATCH
+
+    code = "from fedsweep.tracking import run_platform; print(run_platform())"
+    clean = {k: v for k, v in os.environ.items() if k not in LIBRARY_DISPATCH}
+    told = subprocess.run([sys.executable, "-c", code], env={**clean, "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+                          capture_output=True, text=True, check=True).stdout.strip()
+    plain = subprocess.run([sys.executable, "-c", code], env=clean, capture_output=True, text=True, check=True).stdout.strip()
+    assert told == plain + ", MKL_CBWR=AVX2, ONEDNN_MAX_CPU_ISA=AVX2"
+    assert not any(var in plain for var in LIBRARY_DISPATCH)
+
+
 def test_mlflow_telemetry_is_off_in_a_fedsweep_process_unless_the_user_turned_it_on(tmp_path):
     """MLflow 3 starts a telemetry client at import (a config fetched from its makers' site, usage sent at exit);
     importing fedsweep first turns it off, and a user's own setting wins. Run in a clean environment: MLflow
