@@ -19,8 +19,9 @@ $(STAMP): pyproject.toml constraints.txt
 
 setup: $(STAMP)
 
-# PyTorch's AVX2 kernels unless ATEN_CPU_CAPABILITY is set: the README's table on any x86-64 CPU with AVX2 (an
-# AVX-512 machine's own kernels round two rows' sums otherwise: README, "The two commands")
+# PyTorch's AVX2 kernels unless ATEN_CPU_CAPABILITY is set: the README's table on the AMD EPYC CPUs it was checked
+# on, AVX-512 or not (their own kernels round two rows' sums otherwise; an Intel CPU's MKL does so whatever this
+# says: README, "The two commands")
 demo: $(STAMP)
 	ATEN_CPU_CAPABILITY=$${ATEN_CPU_CAPABILITY:-avx2} $(BIN)/fedsweep sweep sweeps/default.yaml
 
