@@ -87,14 +87,22 @@ def _keep(folder: Path, run_id: str, runs: pd.DataFrame) -> None:
 
 
 def _phase_runs(bench: Bench, uri: str, experiment: str, run_id: str, folder: Path,
-                target: float | None = None) -> pd.DataFrame:
+                target: float | None = None, final: bool = False) -> pd.DataFrame:
     """A recorded phase's runs: the store's, or, where the store does not hold that sweep at all (the folder came from
-    another machine), the copy :func:`_keep` saved; neither, none (the phase runs again)."""
+    another machine), the copy :func:`_keep` saved; for a final sweep without that copy (a folder written before
+    2026-11-26, when phases were not yet saved), the runs the folder's tables were made of (``final_runs_b<N>.csv``:
+    every chosen setting on every final seed, which the callers pick by setting); none of these, none (the phase
+    runs again)."""
     saved = folder / RUNS / f"{run_id}.csv"
-    if not _in_store(uri, run_id) and saved.exists():
-        print(f"[bench {bench.name}] sweep {run_id}: not in the MLflow store at {uri}; its runs read from {saved}",
-              file=sys.stderr)
-        return read_runs(str(saved))[0]
+    if not _in_store(uri, run_id):
+        tables = sorted(folder.glob("final_runs_b*.csv"))
+        if saved.exists() or (final and tables):
+            print(f"[bench {bench.name}] sweep {run_id}: not in the MLflow store at {uri}; its runs read from "
+                  f"{saved if saved.exists() else ', '.join(map(str, tables))}", file=sys.stderr)
+            if saved.exists():
+                return read_runs(str(saved))[0]
+            runs = pd.concat([read_runs(str(t))[0] for t in tables], ignore_index=True)
+            return runs.drop_duplicates("run_id", ignore_index=True)
     return load_runs(uri, experiment, run_id, target)[0]
 
 
@@ -219,7 +227,7 @@ def _choose_again(bench: Bench, methods: dict[str, dict[str, Any]], uri: str, ex
                 methods[key]["chosen"] = now
                 methods[key].pop("final_run", None)
     for run_id, keys in _by_run(bench, methods, "final_run").items():
-        runs = _phase_runs(bench, uri, experiment, run_id, folder)
+        runs = _phase_runs(bench, uri, experiment, run_id, folder, final=True)
         for key in keys:
             chosen = sorted({s for s in methods[key]["chosen"].values() if s is not None})
             if _incomplete(bench, key, "final", runs, chosen, bench.settings.final_seeds):
@@ -256,7 +264,7 @@ def write_tables(bench: Bench, state: dict[str, Any], uri: str, folder: Path) ->
         # a method's final runs from its own final sweep: an earlier final sweep may hold the same setting's runs
         # (a method whose choice changed, rerun in a later sweep, kept a setting it had)
         mine = {s for e in done.values() if e["final_run"] == run for s in e["chosen"].values()}
-        runs = _phase_runs(bench, uri, experiment, run, folder, settings.target_accuracy)
+        runs = _phase_runs(bench, uri, experiment, run, folder, settings.target_accuracy, final=True)
         frames.append(runs[runs["setting"].isin(mine)])
     final = pd.concat(frames or [pd.DataFrame()], ignore_index=True)
     if len(final):

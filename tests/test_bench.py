@@ -202,6 +202,31 @@ def test_a_two_method_benchmark_tunes_equally_selects_on_validation_and_merges(r
     state = json.loads((out / "dirichlet" / "bench_state.json").read_text())
     assert state["run_id"] == there[0].info.run_id and len(state["previous_run_ids"]) == 1
 
+    # a folder written before 2026-11-26 kept no runs/, and its store is gone: a method added to the methods file
+    # since then runs alone (--resume --methods), and the tables hold it beside the methods whose final runs the
+    # folder's tables were made of, their rows as they were
+    import shutil
+
+    shutil.rmtree(out / "dirichlet" / "runs")
+    as_text = {"dtype": str, "keep_default_na": False}
+    old_runs, old_table = (pd.read_csv(out / "dirichlet" / f, **as_text) for f in ("final_runs_b3.csv", "table_b3.csv"))
+    (folder / "methods.yaml").write_text(yaml.safe_dump({"methods": {
+        **METHODS["methods"], "fedprox": {"name": "fedprox", "local_lr": {"loguniform": [0.02, 0.5]}}}}))
+    third = f"sqlite:///{folder / 'third.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", third)
+    assert main(["bench", b, "--output", str(out), "--quiet", "--resume", "--methods", "fedprox"]) == 0
+    trials = [r for r in MlflowClient(third).search_runs([MlflowClient(third).get_experiment_by_name("bench-test").experiment_id])
+              if "fedsweep.trial_index" in r.data.tags]
+    assert {r.data.params["algorithm.name"] for r in trials} == {"fedprox"}  # no other method ran again
+    runs, table = (pd.read_csv(out / "dirichlet" / f, **as_text) for f in ("final_runs_b3.csv", "table_b3.csv"))
+    assert sorted(table["algorithm"]) == ["fedavg", "fedprox", "local"]
+    for new, old in ((runs, old_runs), (table, old_table)):
+        kept = new[new["algorithm"] != "fedprox"].reset_index(drop=True)
+        pd.testing.assert_frame_equal(kept[old.columns], old)
+    state = json.loads((out / "dirichlet" / "bench_state.json").read_text())["methods"]
+    assert sorted(p.stem for p in (out / "dirichlet" / "runs").glob("*.csv")) == sorted(
+        {state["fedprox"]["tune_run"], state["fedprox"]["final_run"]})
+
 
 def test_a_change_of_seeds_reruns_the_phases_it_touches_and_a_table_names_every_method_it_leaves_out(files, capsys):
     """bench_state.json records each method's seeds: tuning seeds changed, it is tuned again; final seeds changed, its
