@@ -94,15 +94,13 @@ def _phase_runs(bench: Bench, uri: str, experiment: str, run_id: str, folder: Pa
     every chosen setting on every final seed, which the callers pick by setting); none of these, none (the phase
     runs again)."""
     saved = folder / RUNS / f"{run_id}.csv"
-    if not _in_store(uri, run_id):
-        tables = sorted(folder.glob("final_runs_b*.csv"))
-        if saved.exists() or (final and tables):
-            print(f"[bench {bench.name}] sweep {run_id}: not in the MLflow store at {uri}; its runs read from "
-                  f"{saved if saved.exists() else ', '.join(map(str, tables))}", file=sys.stderr)
-            if saved.exists():
-                return read_runs(str(saved))[0]
-            runs = pd.concat([read_runs(str(t))[0] for t in tables], ignore_index=True)
-            return runs.drop_duplicates("run_id", ignore_index=True)
+    # the tables of this file's budgets only: a file left by a budget since dropped may hold another sweep's runs
+    tables = [t for b in bench.budgets if (t := folder / f"final_runs_b{b}.csv").exists()] if final else []
+    if not _in_store(uri, run_id) and (sources := [saved] if saved.exists() else tables):
+        print(f"[bench {bench.name}] sweep {run_id}: not in the MLflow store at {uri}; its runs read from "
+              f"{', '.join(map(str, sources))}", file=sys.stderr)
+        runs = pd.concat([read_runs(str(path))[0] for path in sources], ignore_index=True)
+        return runs.drop_duplicates("run_id", ignore_index=True)  # a run chosen at two budgets is in both tables
     return load_runs(uri, experiment, run_id, target)[0]
 
 
@@ -227,7 +225,7 @@ def _choose_again(bench: Bench, methods: dict[str, dict[str, Any]], uri: str, ex
                 methods[key]["chosen"] = now
                 methods[key].pop("final_run", None)
     for run_id, keys in _by_run(bench, methods, "final_run").items():
-        runs = _phase_runs(bench, uri, experiment, run_id, folder, final=True)
+        runs = _phase_runs(bench, uri, experiment, run_id, folder)
         for key in keys:
             chosen = sorted({s for s in methods[key]["chosen"].values() if s is not None})
             if _incomplete(bench, key, "final", runs, chosen, bench.settings.final_seeds):

@@ -42,8 +42,10 @@ PLATFORM_TAG = f"{TAG_PREFIX}platform"
 CODE_TAG = f"{TAG_PREFIX}code"
 
 
-#: Environment variables that change which kernels MKL and oneDNN run, and so a run's numbers (each moved FedAvg's
-#: accuracy on the MNIST pathological small-CNN cell by up to 0.4 points on one Intel CPU: docs/reproduction.md).
+#: Environment variables that change which kernels MKL and oneDNN run, and so a run's numbers (on one Intel CPU,
+#: MKL_CBWR and ONEDNN_MAX_CPU_ISA each moved FedAvg's accuracy on the MNIST pathological small-CNN cell by up to 0.4
+#: points, and MKL_ENABLE_INSTRUCTIONS=AVX2 as MKL_CBWR=AVX2 did: docs/reproduction.md; DNNL_MAX_CPU_ISA is oneDNN's
+#: older name for ONEDNN_MAX_CPU_ISA).
 LIBRARY_DISPATCH = ("MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
 
 
@@ -56,7 +58,7 @@ def run_platform() -> str:
     seed give the same numbers bit for bit on one platform; on another the float sums round differently in their
     last digits (``ATEN_CPU_CAPABILITY=default`` against ``avx2`` moves FedAvg's global loss in the 8th digit within
     20 rounds), which over hundreds of rounds can flip a prediction; an Intel and an AMD CPU differ so even with
-    AVX2 kernels on both (docs/reproduction.md, "Same seed, other machine"). Read in the process that logs the
+    AVX2 kernels on both (docs/reproduction.md, "Same kernels, other CPU"). Read in the process that logs the
     run: on one node, where its clients trained."""
     import platform as host
 

@@ -158,7 +158,7 @@ def test_a_run_names_the_platform_and_the_code_its_numbers_came_from(tmp_path):
 
 def test_the_platform_names_the_settings_that_choose_mkl_and_onednn_kernels():
     """MKL and oneDNN pick their kernels by the CPU, not by ATEN_CPU_CAPABILITY, and each of these variables changes
-    that choice and so the numbers (docs/reproduction.md, "Same seed, other machine"): a run made with one set names
+    that choice and so the numbers (docs/reproduction.md, "Same kernels, other CPU"): a run made with one set names
     it in its platform, one made without names none."""
     import os
     import subprocess
