@@ -39,6 +39,8 @@ SWEEP = ROOT / "sweeps" / "default.yaml"
 #: so on an Intel CPU two rows' means move by 0.02-0.05 points (README, "The two commands"): there a difference
 #: from the README is printed, not counted as a failure; the repetitions are still compared with each other.
 README_CPU = "AMD EPYC"
+#: PyTorch's kernels for the sweep unless ATEN_CPU_CAPABILITY is set, as `make demo` runs it.
+KERNELS = os.environ.get("ATEN_CPU_CAPABILITY", "avx2")
 LAYOUTS = {"default": None, "handwritten": {"server_cpus": 0.2, "client_cpus": 0.8, "client_workers": 1}}
 
 
@@ -54,7 +56,7 @@ def sweep_worker(layout: str) -> dict:
         body["sweep"]["storage_path"] = f"{tmp}/ray_results"
         path = Path(tmp) / "default.yaml"
         path.write_text(yaml.safe_dump(body, sort_keys=False))
-        env = {**os.environ, "ATEN_CPU_CAPABILITY": os.environ.get("ATEN_CPU_CAPABILITY", "avx2")}  # as `make demo`
+        env = {**os.environ, "ATEN_CPU_CAPABILITY": KERNELS}
         t0 = time.perf_counter()
         proc = subprocess.run([str(Path(sys.executable).with_name("fedsweep")), "sweep", str(path), "--quiet"],
                               capture_output=True, text=True, cwd=tmp, env=env, check=False)
@@ -114,7 +116,7 @@ def main() -> int:
     for name in args.layouts:
         print(f"\n{name}, the table of its first repetition:\n" + "\n".join(res[name][0]["table"]))
     if "default" in args.layouts:
-        os.environ.setdefault("ATEN_CPU_CAPABILITY", "avx2")  # read at torch's import: the platform the sweep ran on
+        os.environ["ATEN_CPU_CAPABILITY"] = KERNELS  # read at torch's import: the platform the sweep ran on
         from fedsweep.tracking import run_platform
 
         readme, platform = res["default"][0]["table"] == readme_table(), run_platform()
