@@ -36,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fedsweep.config import ConfigError, resolve_tracking_uri
+from fedsweep.config import ConfigError, Sweep, Trial, resolve_tracking_uri
 from fedsweep.layout import AUTO_SERVER_CPUS
 from fedsweep.loading import load_sweep, validate
 
@@ -44,8 +44,9 @@ from fedsweep.loading import load_sweep, validate
 def in_process(cfg, stack: bool):
     """``cfg`` laid out as one process holding every client (a worker pool of one); stacked where allowed."""
     raw = cfg.model_dump(mode="json", by_alias=True)
-    one = {"server_cpus": AUTO_SERVER_CPUS, "client_cpus": round(1 - AUTO_SERVER_CPUS, 3), "clients_per_actor": 1,
-           "client_workers": 1}
+    # no GPU share: that is for Ray's actors; here the process's one device (``run --device``) holds every client
+    one = {"server_cpus": AUTO_SERVER_CPUS, "client_cpus": round(1 - AUTO_SERVER_CPUS, 3), "client_gpus": 0,
+           "clients_per_actor": 1, "client_workers": 1}
     alone = validate({**raw, "resources": {**raw["resources"], **one, "vectorize_clients": False}})
     try:
         return validate({**raw, "resources": {**raw["resources"], **one, "vectorize_clients": True}}) if stack else alone
@@ -58,23 +59,32 @@ def trial_file(out: Path, index: int) -> Path:
 
 
 def run_trial(path: str, index: int, out: str, device: str, stack: bool, deadline: float, rounds: int | None) -> dict:
-    """Trial ``index`` of ``path`` to its last round (or ``rounds``, or the deadline), a line per round."""
+    """Trial ``index`` of the sweep file ``path``, into ``out`` (:func:`run_one`)."""
+    sweep = load_sweep(path, check_cluster=False)
+    return run_one(sweep.trials[index], index, sweep.source_hash(), trial_file(Path(out), index), device, stack, deadline, rounds)
+
+
+def run_one(trial: Trial, index: int, yaml_sha1: str, file: Path, device: str, stack: bool, deadline: float,
+            rounds: int | None, code: str | None = None) -> dict:
+    """``trial`` (trial ``index`` of the sweep whose text hashes to ``yaml_sha1``) to its last round (or ``rounds``, or
+    the deadline), a line per round into ``file``; its first line names the platform and the code (``code``, else
+    :func:`fedsweep.tracking.code_version`: a copy of the repository without its .git names only the version)."""
     import torch
 
     from fedsweep.engine import Engine
     from fedsweep.federation import compute_threads
+    from fedsweep.tracking import code_version, run_platform
 
-    sweep = load_sweep(path, check_cluster=False)
-    trial = sweep.trials[index]
     cfg = in_process(trial.config, stack)
     last = min(cfg.rounds, rounds) if rounds else cfg.rounds
     name = torch.cuda.get_device_name(0) if device.startswith("cuda") else "cpu"
     reached, diverged, start = -1, False, time.perf_counter()
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()  # this trial's peak, when a process runs several
-    with compute_threads(), trial_file(Path(out), index).open("w") as f:
-        head = {"trial": index, "overrides": trial.overrides, "yaml_sha1": sweep.source_hash(), "device": name,
-                "vectorize_clients": cfg.resources.vectorize_clients, "rounds": cfg.rounds, "cut_to": rounds}
+    with compute_threads(), file.open("w") as f:
+        head = {"trial": index, "overrides": trial.overrides, "yaml_sha1": yaml_sha1, "device": name,
+                "vectorize_clients": cfg.resources.vectorize_clients, "rounds": cfg.rounds, "cut_to": rounds,
+                "platform": run_platform(), "code": code or code_version()}
         f.write(json.dumps(head) + "\n")
         f.flush()
         try:
@@ -134,9 +144,15 @@ def read_trial(path: Path) -> tuple[dict, list[dict], dict | None]:
     return head, rows, end
 
 
-def log(args) -> None:
+def log_trials(sweep: Sweep, trials: list[tuple[dict, list[dict], dict | None]], uri: str, experiment: str,
+               tags: dict[str, str] | None = None) -> tuple[str, int]:
+    """``run``'s trial files (:func:`read_trial`) of ``sweep`` logged as that sweep: a parent run (the sweep's tags,
+    and ``tags``), a run per trial with its params, every round, its trial index and the platform and code its first
+    line names. Returns the parent's run id and how many trials failed."""
     from fedsweep.sweep import sweep_tags
     from fedsweep.tracking import (
+        CODE_TAG,
+        PLATFORM_TAG,
         STOPPED_EARLY,
         TAG_PREFIX,
         RunLogger,
@@ -145,26 +161,20 @@ def log(args) -> None:
         trial_title,
     )
 
-    sweep = load_sweep(args.file, check_cluster=False)
-    files = sorted(Path(args.dir).glob("trial_*.jsonl"))
-    trials = [read_trial(f) for f in files]
-    for f, (head, _, _) in zip(files, trials, strict=True):
-        if head["yaml_sha1"] != sweep.source_hash() or head["cut_to"]:
-            raise SystemExit(f"{f}: run from another version of {args.file}, or cut with --rounds: not logged")
-    first = sweep.trials[0].config
-    uri = resolve_tracking_uri(first.tracking.tracking_uri)
-    experiment_id = ensure_experiment(uri, first.tracking.experiment)
+    experiment_id = ensure_experiment(uri, experiment)
     c = client(uri)
     device = {head["device"] for head, _, _ in trials}
-    parent = c.create_run(experiment_id, run_name=sweep.settings.name,
-                          tags={**sweep_tags(sweep, len(sweep.trials)), f"{TAG_PREFIX}device_run": ", ".join(sorted(device))}).info.run_id
+    parent = c.create_run(experiment_id, run_name=sweep.settings.name, tags={
+        **sweep_tags(sweep, len(sweep.trials)), f"{TAG_PREFIX}device_run": ", ".join(sorted(device)), **(tags or {})}).info.run_id
     c.log_text(parent, sweep.source, "sweep.yaml")
     errors = 0
     for head, rows, end in trials:
         trial = sweep.trials[head["trial"]]
         cfg = in_process(trial.config, head["vectorize_clients"])
+        where = {PLATFORM_TAG: head["platform"], CODE_TAG: head["code"]} if "platform" in head else {}  # older files: none
         logger = RunLogger(uri, experiment_id, cfg, trial_title(cfg, trial.overrides), parent, trial.overrides,
-                           tags={f"{TAG_PREFIX}device_run": head["device"], f"{TAG_PREFIX}in_process": "true"})
+                           tags={f"{TAG_PREFIX}device_run": head["device"], f"{TAG_PREFIX}in_process": "true",
+                                 f"{TAG_PREFIX}trial_index": str(head["trial"]), **where})
         for m in rows:
             logger.log_round(m)
         complete = bool(end and end["complete"])
@@ -178,6 +188,19 @@ def log(args) -> None:
             c.set_tag(logger.run_id, f"{TAG_PREFIX}stopped_after_round", str(int(evaluated[-1]["round"]) if evaluated else -1))
         errors += failed
     c.set_terminated(parent, "FAILED" if errors else "FINISHED")
+    return parent, errors
+
+
+def log(args) -> None:
+    sweep = load_sweep(args.file, check_cluster=False)
+    files = sorted(Path(args.dir).glob("trial_*.jsonl"))
+    trials = [read_trial(f) for f in files]
+    for f, (head, _, _) in zip(files, trials, strict=True):
+        if head["yaml_sha1"] != sweep.source_hash() or head["cut_to"]:
+            raise SystemExit(f"{f}: run from another version of {args.file}, or cut with --rounds: not logged")
+    first = sweep.trials[0].config
+    uri = resolve_tracking_uri(first.tracking.tracking_uri)
+    parent, _ = log_trials(sweep, trials, uri, first.tracking.experiment)
     print(f"logged {len(trials)} trial(s) under run {parent} of experiment {first.tracking.experiment!r} ({uri})")
 
 

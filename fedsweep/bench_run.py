@@ -45,7 +45,7 @@ def _run(sweep: Sweep, resume: bool, parent: str, verbose: int) -> dict[str, Any
             resumable = True
         except ConfigError:  # never started, or interrupted before Tune saved anything: start it
             pass
-    out = run_sweep(sweep, verbose=verbose, resume=resumable, tags={PARENT_TAG: parent, f"{TAG_PREFIX}bench": sweep.settings.name})
+    out = run_sweep(sweep, verbose=verbose, resume=resumable, tags=phase_tags(parent, sweep))
     return {**out, "restored": resumable}
 
 
@@ -109,18 +109,17 @@ class Interrupted(Exception):
     was stopped (Ctrl-C; Tune saves its state and returns without an error). The benchmark stops there, every later cell unstarted; ``--resume`` goes on."""
 
 
-def run_bench(bench: Bench, output: str | Path, resume: bool = False, verbose: int = 1) -> tuple[Path, int]:
-    """The tuning sweep of the methods without a choice yet, the final sweep of those without final runs, then
-    the tables; returns the folder and the number of sweeps that did not finish (``--resume`` reruns them)."""
+def open_state(bench: Bench, output: str | Path, resume: bool) -> tuple[Path, dict[str, Any], str, str]:
+    """The benchmark's folder and its state (``bench_state.json``) made ready for this file: its MLflow run in this
+    store, each method's settings and seeds checked against the file (what changed runs again) and each recorded choice
+    made again from its runs (:func:`_choose_again`); returns (folder, state, tracking URI, experiment)."""
     folder = Path(output) / bench.name
     state = read_state(folder)
     if state and not resume:
         raise ConfigError([(f"{folder}: a run of benchmark '{bench.name}' is there already; allowed: --resume to go on "
                             "with it, or another --output")])
-    tune = next(iter(bench.tunes.values()))
-    first = tune.trials[0].config
-    experiment, target = first.tracking.experiment, tune.settings.target_accuracy
-    uri = resolve_tracking_uri(first.tracking.tracking_uri)
+    first = next(iter(bench.tunes.values())).trials[0].config
+    experiment, uri = first.tracking.experiment, resolve_tracking_uri(first.tracking.tracking_uri)
     c = client(uri)
     if "run_id" in state and not _in_store(uri, state["run_id"]):  # the folder came from another store: a run here
         print(f"[bench {bench.name}] its MLflow run {state['run_id']} is not in the store at {uri}: a new one there",
@@ -141,6 +140,47 @@ def run_bench(bench: Bench, output: str | Path, resume: bool = False, verbose: i
         _check_seeds(bench, key, methods[key], folder)
     _choose_again(bench, methods, uri, experiment, folder)
     write_state(folder, state)
+    return folder, state, uri, experiment
+
+
+def phase_tags(bench_run_id: str, sweep: Sweep) -> dict[str, str]:
+    """The tags of a phase's sweep run: nested under the benchmark's run, named by the phase."""
+    return {PARENT_TAG: bench_run_id, f"{TAG_PREFIX}bench": sweep.settings.name}
+
+
+def record_tuning(bench: Bench, state: dict[str, Any], keys: list[str], sweep_run_id: str, runs: pd.DataFrame,
+                  folder: Path) -> None:
+    """A finished tuning phase (every run of ``keys`` there): each method's choice per budget, settings tried and
+    tuning time recorded, its runs kept beside the state."""
+    methods = state["methods"]
+    method = runs["setting"].map(bench.owner())
+    for key, chosen in chosen_settings(bench, runs, keys).items():
+        mine = runs[method == key]
+        methods[key].update(tune_run=sweep_run_id, chosen={str(b): s for b, s in chosen.items()},
+                            tried=int(mine["setting"].nunique()), tuning_wall_s=float(mine["wall_time_s"].sum()))
+    _keep(folder, sweep_run_id, runs)
+    write_state(folder, state)
+
+
+def final_sections(bench: Bench, state: dict[str, Any], keys: list[str]) -> dict[str, dict[str, Any]]:
+    """The settings ``keys`` chose at any budget -> their algorithm sections: what their final phase runs."""
+    methods = state["methods"]
+    return {s: bench.section(k, s) for k in keys for s in methods[k]["chosen"].values() if s is not None}
+
+
+def record_final(state: dict[str, Any], keys: list[str], sweep_run_id: str, runs: pd.DataFrame, folder: Path) -> None:
+    """A finished final phase (every chosen setting of ``keys`` on every final seed): recorded, its runs kept."""
+    for key in keys:
+        state["methods"][key]["final_run"] = sweep_run_id
+    _keep(folder, sweep_run_id, runs)
+    write_state(folder, state)
+
+
+def run_bench(bench: Bench, output: str | Path, resume: bool = False, verbose: int = 1) -> tuple[Path, int]:
+    """The tuning sweep of the methods without a choice yet, the final sweep of those without final runs, then
+    the tables; returns the folder and the number of sweeps that did not finish (``--resume`` reruns them)."""
+    folder, state, uri, experiment = open_state(bench, output, resume)
+    methods, target = state["methods"], next(iter(bench.tunes.values())).settings.target_accuracy
     done = [k for k in bench.in_file if "final_run" in methods.get(k, {})]
     print(f"[bench {bench.name}] {folder}: {len(done)} of the file's {len(bench.in_file)} methods done (their final runs "
           f"recorded); this command: {', '.join(k for k in bench.tunes if k not in done) or 'nothing left to run'}", flush=True)
@@ -156,15 +196,9 @@ def run_bench(bench: Bench, output: str | Path, resume: bool = False, verbose: i
         if out["errors"]:  # a method missing a setting would choose among fewer: no choice before every trial ran
             print(f"[bench {bench.name}] {out['errors']} tuning trial(s) failed; --resume reruns them", file=sys.stderr)
             return folder, 1
-        method = runs["setting"].map(bench.owner())
-        for key, chosen in chosen_settings(bench, runs, pending).items():
-            mine = runs[method == key]
-            methods[key].update(tune_run=out["parent_run_id"], chosen={str(b): s for b, s in chosen.items()},
-                                tried=int(mine["setting"].nunique()), tuning_wall_s=float(mine["wall_time_s"].sum()))
-        _keep(folder, out["parent_run_id"], runs)
-        write_state(folder, state)
+        record_tuning(bench, state, pending, out["parent_run_id"], runs, folder)
     if pending := [k for k in bench.tunes if "final_run" not in methods[k] and any(methods[k]["chosen"].values())]:
-        sections = {s: bench.section(k, s) for k in pending for s in methods[k]["chosen"].values() if s is not None}
+        sections = final_sections(bench, state, pending)
         sweep = bench.final_sweep(list(sections.values()))
         print(f"[bench {bench.name}] final runs of {len(pending)} method(s): {sweep.describe()}", flush=True)
         out, runs, missing = _phase(bench, sweep, resume, state["run_id"], verbose, uri, experiment, list(sections),
@@ -176,10 +210,7 @@ def run_bench(bench: Bench, output: str | Path, resume: bool = False, verbose: i
                   "missing); --resume goes on with it", file=sys.stderr)
             failed += 1
         else:
-            for key in pending:
-                methods[key]["final_run"] = out["parent_run_id"]
-            _keep(folder, out["parent_run_id"], runs)
-            write_state(folder, state)
+            record_final(state, pending, out["parent_run_id"], runs, folder)
     for key in bench.tunes:
         if not any(methods[key].get("chosen", {}).values()):
             print(f"[bench {bench.name}] {key}: no setting finished on every tuning seed; not in the tables", file=sys.stderr)
