@@ -150,8 +150,10 @@ def log(args) -> None:
         sweep = phase_sweep(bench, key, "tune")
         trials = read_phase(out / key / "tune", sweep)
         if not ended(trials, len(sweep.trials)):
-            print(f"[device bench] {key}: {sum(bool(e and e['complete']) for _, _, e in trials)} of its "
-                  f"{len(sweep.trials)} tuning trials finished there; not recorded")
+            ok = sum(bool(e and (e["complete"] or e["diverged"]) and "error" not in e) for _, _, e in trials)
+            failed = sum(bool(e and "error" in e) for _, _, e in trials)
+            print(f"[device bench] {key}: of its {len(sweep.trials)} tuning trials {ok} ended there, {failed} failed, "
+                  f"{len(sweep.trials) - ok - failed} cut short or missing; not recorded")
             continue
         parent, _ = log_trials(sweep, trials, uri, experiment, phase_tags(state["run_id"], sweep))
         runs, _ = load_runs(uri, experiment, parent)

@@ -26,6 +26,7 @@ end line (its process killed), ends FAILED with outcome ``error``. Each run is t
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -105,6 +106,12 @@ def run_one(trial: Trial, index: int, yaml_sha1: str, file: Path, device: str, s
         if device.startswith("cuda"):
             end["max_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20
         f.write(json.dumps(end) + "\n")
+    if device.startswith("cuda"):
+        # the trial's blocks back to the card: a worker process runs trial after trial, and torch's cache kept up to
+        # 11.5 GiB a process between them, so that 14 workers ran the H200 out of memory (2026-12-04)
+        engine = None
+        gc.collect()
+        torch.cuda.empty_cache()
     return {k: v for k, v in end.items() if k != "clients"} | {"trial": index}
 
 
