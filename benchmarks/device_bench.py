@@ -9,7 +9,8 @@ methods at a time, in two steps:
                 --out DIR [--workers 12] [--time-box 420] [--code COMMIT]
     here:   python benchmarks/device_bench.py log sweeps/benchmark/cifar10_dirichlet.yaml DIR --output docs/results/benchmark
 
-``run``: each method's tuning phase (``Bench.tune_sweep([method])``: the very trials `fedsweep bench` would run)
+``run``: each method of ``--methods`` that the cell's folder under ``--output`` (the repository's copy travels with
+it) does not record as tuned; its tuning phase (``Bench.tune_sweep([method])``: the very trials `fedsweep bench` would run)
 trial by trial in ``--workers`` processes (:func:`device_sweep.run_one`: the whole experiment in one process, clients
 stacked where the algorithm allows, on ``--device``); once all of a method's tuning trials have ended, its settings
 are chosen there by the benchmark's own rule (:func:`fedsweep.bench.chosen_settings`, on validation only) and its
@@ -43,7 +44,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.device_sweep import log_trials, read_trial, run_one, trial_file
-from fedsweep.bench import Bench, chosen_settings, load_bench, missing_runs
+from fedsweep.bench import Bench, chosen_settings, load_bench, missing_runs, read_state
 from fedsweep.config import Sweep
 
 PHASES = ("tune", "final")
@@ -90,6 +91,12 @@ def run(args) -> None:
     deadline = start + args.time_box
     out = Path(args.out)
     keys = args.methods.split(",")
+    recorded = read_state(Path(args.output) / load_bench(args.file, check_cluster=False, only=keys).name).get("methods", {})
+    if tuned := [k for k in keys if "chosen" in recorded.get(k, {})]:  # `log` would not record them again
+        print(f"[device bench] tuned already in {args.output}: {', '.join(tuned)}; not run", flush=True)
+        keys = [k for k in keys if k not in tuned]
+        if not keys:
+            return
     bench = load_bench(args.file, check_cluster=False, only=keys)
     if any(out.glob("*/*/trial_*.jsonl")):  # `log` reads every trial file there: no mixing of two runs
         raise SystemExit(f"{out}: holds trial files of an earlier run; give an empty --out")
@@ -190,6 +197,8 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--device", default="cuda")
     r.add_argument("--no-stack", action="store_true")
     r.add_argument("--code", help="the commit the copy of the repository is at (it travels without .git)")
+    r.add_argument("--output", default="docs/results/benchmark",
+                   help="the benchmark's output folder: a method its state records as tuned is not run")
     lg = sub.add_parser("log")
     lg.add_argument("file")
     lg.add_argument("dir")

@@ -66,6 +66,10 @@ def test_a_cell_run_without_ray_and_mlflow_is_recorded_as_fedsweep_bench_records
     assert set(runs["code"]) == {"abc123"} and runs["platform"].str.startswith("torch ").all()
     assert (folder / "runs" / f"{methods['fedavg']['tune_run']}.csv").exists()  # the phases travel with the folder
 
+    # run again there with the folder beside it (the repository's copy carries it), nothing runs
+    printed = there(file, tmp_path / "again", "--output", str(tmp_path / "device"))
+    assert "tuned already in" in printed and "fedavg, local; not run" in printed and not (tmp_path / "again").exists()
+
     # logged again, nothing more is recorded; a fresh folder from files where a tuning trial of local's is missing
     # records fedavg alone, and local stays for a later run
     device_bench.main(["log", file, str(tmp_path / "there"), "--output", str(tmp_path / "device")])
