@@ -47,20 +47,22 @@ from benchmarks.device_sweep import log_trials, read_trial, run_one, trial_file
 from fedsweep.bench import Bench, chosen_settings, load_bench, missing_runs, read_state
 from fedsweep.config import Sweep
 
-PHASES = ("tune", "final")
-
 
 def phase_sweep(bench: Bench, key: str, phase: str, chosen: dict[str, str | None] | None = None) -> Sweep:
     """Method ``key``'s tuning sweep, or the final sweep of the settings ``chosen`` (budget -> setting)."""
     if phase == "tune":
         return bench.tune_sweep([key])
-    sections = {s: bench.section(key, s) for s in (chosen or {}).values() if s is not None}
-    return bench.final_sweep(list(sections.values()))
+    return bench.final_sweep(list(bench.final_sections({key: chosen or {}}).values()))
+
+
+def ended_one(end: dict | None) -> bool:
+    """A trial file's end line says it finished or diverged (not failed; None: no end line, cut short)."""
+    return bool(end and (end["complete"] or end["diverged"]) and "error" not in end)
 
 
 def ended(trials: list[tuple[dict, list[dict], dict | None]], n: int) -> bool:
     """Every one of the phase's ``n`` trials there and ended finished or diverged (not failed, not cut short)."""
-    return len(trials) == n and all(end and (end["complete"] or end["diverged"]) and "error" not in end for _, _, end in trials)
+    return len(trials) == n and all(ended_one(end) for _, _, end in trials)
 
 
 def read_phase(folder: Path, sweep: Sweep) -> list[tuple[dict, list[dict], dict | None]]:
@@ -71,11 +73,10 @@ def read_phase(folder: Path, sweep: Sweep) -> list[tuple[dict, list[dict], dict 
     return trials
 
 
-def choice(bench: Bench, key: str, trials: list[tuple[dict, list[dict], dict | None]]) -> dict[str, str | None]:
-    """The benchmark's choice (budget -> setting) from a method's tuning trial files: the runs' frame as
-    :func:`fedsweep.table.load_runs` gives the columns :func:`fedsweep.bench.choose` reads (setting, draw order,
-    outcome, the final value of the validation metric)."""
-    sweep = bench.tune_sweep([key])
+def choice(bench: Bench, key: str, sweep: Sweep, trials: list[tuple[dict, list[dict], dict | None]]) -> dict[str, str | None]:
+    """The benchmark's choice (budget -> setting) from the trial files of method ``key``'s tuning sweep ``sweep``: the
+    runs' frame as :func:`fedsweep.table.load_runs` gives the columns :func:`fedsweep.bench.choose` reads (setting,
+    draw order, outcome, the final value of the validation metric)."""
     ranked = "val_" + sweep.settings.metric
     rows = []
     for head, rounds, _ in trials:
@@ -133,7 +134,7 @@ def run(args) -> None:
                     if not ended(trials, len(sweep.trials)):
                         print(f"[device bench] {key}: tuning did not end on every trial; no choice", flush=True)
                         continue
-                    chosen = choice(bench, key, trials)
+                    chosen = choice(bench, key, sweep, trials)
                     (out / key / "chosen.json").write_text(json.dumps(chosen))
                     sweeps[key, "final"] = final = phase_sweep(bench, key, "final", chosen)
                     print(f"[device bench] {key}: chose {chosen}; final phase: {final.describe()}", flush=True)
@@ -157,7 +158,7 @@ def log(args) -> None:
         sweep = phase_sweep(bench, key, "tune")
         trials = read_phase(out / key / "tune", sweep)
         if not ended(trials, len(sweep.trials)):
-            ok = sum(bool(e and (e["complete"] or e["diverged"]) and "error" not in e) for _, _, e in trials)
+            ok = sum(ended_one(e) for _, _, e in trials)
             failed = sum(bool(e and "error" in e) for _, _, e in trials)
             print(f"[device bench] {key}: of its {len(sweep.trials)} tuning trials {ok} ended there, {failed} failed, "
                   f"{len(sweep.trials) - ok - failed} cut short or missing; not recorded")

@@ -138,6 +138,11 @@ class Bench:
     def tune_sweep(self, keys: list[str]) -> Sweep:
         return self.phase("tune", [s for key in keys for s in self.drawn(key)], self.sweep_section["seeds"])
 
+    def final_sections(self, chosen: dict[str, dict[str, str | None]]) -> dict[str, dict[str, Any]]:
+        """The settings each method chose at any budget (method -> budget -> setting) -> their algorithm sections:
+        what their final phase runs."""
+        return {s: self.section(k, s) for k, by_budget in chosen.items() for s in by_budget.values() if s is not None}
+
     def final_sweep(self, sections: list[dict[str, Any]]) -> Sweep:
         return self.phase("final", sections, self.settings.final_seeds)
 

@@ -162,12 +162,6 @@ def record_tuning(bench: Bench, state: dict[str, Any], keys: list[str], sweep_ru
     write_state(folder, state)
 
 
-def final_sections(bench: Bench, state: dict[str, Any], keys: list[str]) -> dict[str, dict[str, Any]]:
-    """The settings ``keys`` chose at any budget -> their algorithm sections: what their final phase runs."""
-    methods = state["methods"]
-    return {s: bench.section(k, s) for k in keys for s in methods[k]["chosen"].values() if s is not None}
-
-
 def record_final(state: dict[str, Any], keys: list[str], sweep_run_id: str, runs: pd.DataFrame, folder: Path) -> None:
     """A finished final phase (every chosen setting of ``keys`` on every final seed): recorded, its runs kept."""
     for key in keys:
@@ -198,7 +192,7 @@ def run_bench(bench: Bench, output: str | Path, resume: bool = False, verbose: i
             return folder, 1
         record_tuning(bench, state, pending, out["parent_run_id"], runs, folder)
     if pending := [k for k in bench.tunes if "final_run" not in methods[k] and any(methods[k]["chosen"].values())]:
-        sections = final_sections(bench, state, pending)
+        sections = bench.final_sections({k: methods[k]["chosen"] for k in pending})
         sweep = bench.final_sweep(list(sections.values()))
         print(f"[bench {bench.name}] final runs of {len(pending)} method(s): {sweep.describe()}", flush=True)
         out, runs, missing = _phase(bench, sweep, resume, state["run_id"], verbose, uri, experiment, list(sections),

@@ -14,16 +14,11 @@ import pandas as pd
 import yaml
 
 from benchmarks import device_bench
+from tests.test_device_runs import without_ray_and_mlflow
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# The machine has neither: the run step must not import them.
-WITHOUT_RAY_AND_MLFLOW = (
-    "import sys, runpy\n"
-    "for m in ('ray', 'mlflow'): sys.modules[m] = None\n"
-    "sys.argv = ['device_bench.py', *sys.argv[1:]]\n"
-    "runpy.run_path('benchmarks/device_bench.py', run_name='__main__')\n"
-)
+WITHOUT_RAY_AND_MLFLOW = without_ray_and_mlflow("device_bench.py")
 
 
 def there(file: str, out: Path, *more: str) -> str:

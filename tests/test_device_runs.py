@@ -69,13 +69,16 @@ tracking: {experiment: device-route}
 sweep: {name: device-route, seeds: [0, 1]}
 """
 
-# The machine has neither: the run step must not import them.
-WITHOUT_RAY_AND_MLFLOW = (
-    "import sys, runpy\n"
-    "for m in ('ray', 'mlflow'): sys.modules[m] = None\n"
-    "sys.argv = ['device_sweep.py', *sys.argv[1:]]\n"
-    "runpy.run_path('benchmarks/device_sweep.py', run_name='__main__')\n"
-)
+def without_ray_and_mlflow(script: str) -> str:
+    """``python -c`` text running ``benchmarks/<script>`` as its main in a process where Ray and MLflow cannot be
+    imported: the machine has neither, so the run step must not import them."""
+    return ("import sys, runpy\n"
+            "for m in ('ray', 'mlflow'): sys.modules[m] = None\n"
+            f"sys.argv = [{script!r}, *sys.argv[1:]]\n"
+            f"runpy.run_path('benchmarks/{script}', run_name='__main__')\n")
+
+
+WITHOUT_RAY_AND_MLFLOW = without_ray_and_mlflow("device_sweep.py")
 
 
 def _run(file: Path, out: Path, *more: str, workers: int = 1, without_ray_and_mlflow: bool = False) -> None:
