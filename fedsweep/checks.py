@@ -259,8 +259,9 @@ def check_data(configs: list[ExperimentConfig], file: str, keep: bool = False) -
             continue
         seen.add(data)
         try:
-            built = build_federated_dataset(data)
-            if len(configs) == 1 or keep:
+            run_here = len(configs) == 1 or keep  # else the trials build it, in their own processes
+            built = build_federated_dataset(data, inputs=run_here)
+            if run_here:
                 keep_built(data, built)
         except (OSError, ValueError) as e:
             if f"{file}: {e}" not in problems:

@@ -323,6 +323,9 @@ def entry() -> None:
     import threading
 
     code = main()
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()  # here, not from its exit handler, which first sleeps 0.5 s for workers' last log lines
     threading._shutdown()  # what Python's end does first: stop the thread pools, wait for non-daemon threads
     atexit._run_exitfuncs()
     sys.stdout.flush()

@@ -41,11 +41,15 @@ def start_local_ray(**kwargs) -> None:
     it (``ray start --dashboard-agent-listen-port`` can); when another instance on the machine holds the port (a
     second sweep, the suite's workers side by side), the agent retries it for 3.3 s before giving up, and the raylet
     waits for the agent: ``ray.init`` took 9.2 s instead of 4.9 s beside another instance (docs/performance.md,
-    "Thirty-sixth session"). Port 0 is Ray's own "any free port", which the agent reports to the node."""
+    "Thirty-sixth session"). Port 0 is Ray's own "any free port", which the agent reports to the node.
+
+    Nor the autoscaler's monitor (``no_monitor``): a process that imports Ray's autoscaler to scale a cluster
+    of one fixed node, and at ``ray.shutdown`` outlives SIGTERM's one-second grace: 1.0 of the 1.36 s a local
+    instance took to stop (0.1-0.4 s without it; docs/performance.md, "Fifty-first session")."""
     from ray._private import parameter
 
     ray_params = parameter.RayParams
-    parameter.RayParams = functools.partial(ray_params, dashboard_agent_listen_port=0)
+    parameter.RayParams = functools.partial(ray_params, dashboard_agent_listen_port=0, no_monitor=True)
     try:
         ray.init(**{"include_dashboard": False, **kwargs})
     finally:

@@ -332,6 +332,11 @@ class FlatModel:
                 x = layer(x)
         return x
 
+    @property
+    def plain(self) -> list[tuple[str, nn.Module]] | None:
+        """The (name, layer) pairs of a plain model (linear layers and stateless activations) in order, else None."""
+        return self._layers
+
     def features(self, vector: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """r_w(x), the model's input to its last layer."""
         if self._body is None:

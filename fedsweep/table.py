@@ -29,12 +29,13 @@ DIGITS = {"rounds_to_target": 1, "transmissions_to_target": 1, "transmissions": 
 
 def ci95(values: np.ndarray) -> float:
     """Half-width of the 95% confidence interval of the mean; NaN for fewer than two values."""
-    from scipy import stats
+    from scipy import special  # Student's t quantile: scipy.stats.t.ppf's own function (equal for 1-1,999 degrees of
+    # freedom), without importing scipy.stats (0.64 s against 0.21 s, every sweep's table)
 
     n = len(values)
     if n < 2:
         return math.nan
-    return float(stats.t.ppf(0.975, n - 1) * np.std(values, ddof=1) / math.sqrt(n))
+    return float(special.stdtrit(n - 1, 0.975) * np.std(values, ddof=1) / math.sqrt(n))
 
 
 def to_target(c, run_id: str, target: float, metric: str = "personalized_accuracy_mean") -> tuple[float, float]:

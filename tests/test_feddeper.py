@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fedsweep.algorithms import build_algorithm
-from fedsweep.algorithms.base import ClientMessage
+from fedsweep.algorithms.base import ClientMessage, grad
 from fedsweep.algorithms.feddeper import RECONSTRUCTED, FedDeperParams
 from fedsweep.cli import main
 from fedsweep.engine import local_federation, run_local
@@ -49,6 +49,9 @@ class Quadratic:
     def loss(self, w, batch):
         a, b = batch
         return 0.5 * w @ a @ w - b @ w
+
+    def grad(self, w, batch):
+        return grad(self.loss, w, batch)
 
     def batch(self, batch_size):
         return self.a, self.b

@@ -99,6 +99,27 @@ def test_same_seed_same_numbers_different_seed_different_numbers():
     assert a != c
 
 
+def test_runs_of_one_process_with_the_same_data_share_one_build_and_keep_their_numbers(monkeypatch):
+    """A Tune process runs a sweep's trials one after another: those with the same data section (other seeds and
+    hyperparameters) build it once, and every run's numbers are those of a run that built it afresh."""
+    from fedsweep import data
+
+    cfgs = [validate(config_dict(seed=s, algorithm={"local_lr": lr})) for s, lr in ((0, 0.1), (1, 0.1), (0, 0.3))]
+    fresh = []
+    for cfg in cfgs:
+        data._BUILT.clear()
+        fresh.append(run_local(cfg)[0])
+    builds = []
+    build = data.build_federated_dataset
+    monkeypatch.setattr(data, "build_federated_dataset", lambda cfg: builds.append(cfg) or build(cfg))
+    data._BUILT.clear()
+    assert [run_local(cfg)[0] for cfg in cfgs] == fresh
+    assert builds == [cfgs[0].run_data()]
+    other = validate(config_dict(data={"num_clients": 5}))
+    run_local(other)
+    assert builds == [cfgs[0].run_data(), other.run_data()] and list(data._BUILT) == [other.run_data()]
+
+
 def test_numbers_do_not_depend_on_the_callers_torch_threads():
     """run_local computes with the actors' one intra-op thread whatever the caller set (a reduction split
     over two threads changes this config's personalized loss in its 8th digit), and restores the caller's count."""

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fedsweep.algorithms.base import ClientContext, ClientData, ClientMessage, floats
+from fedsweep.algorithms.base import ClientContext, ClientData, ClientMessage, floats, grad
 from fedsweep.algorithms.fedamp import FedAMP, FedAMPParams, attention_weights
 from fedsweep.algorithms.fedper import FedPer, FedPerParams
 from fedsweep.algorithms.local import Local, LocalParams
@@ -32,6 +32,9 @@ class Quadratic:
     def loss(self, w, batch):
         a, b = batch
         return 0.5 * w @ a @ w - b @ w
+
+    def grad(self, w, batch):
+        return grad(self.loss, w, batch)
 
     def batch(self, batch_size):
         return self.a, self.b

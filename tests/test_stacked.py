@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fedsweep.algorithms import plain_grad
 from fedsweep.algorithms.base import ClientContext, ClientData, grad
 from fedsweep.algorithms.stacked import PAD, StackedContext, pad_stack
 from fedsweep.config import ConfigError
@@ -86,6 +87,41 @@ def test_the_direct_path_applies_a_module_used_twice_and_rows_of_other_shapes_as
     w, x = torch.randn(4, model.numel), torch.randn(4, 6)
     assert torch.equal(model(w[0], x), general(w[0], x))
     assert torch.equal(model.rows(w, x), torch.func.vmap(general)(w, x))  # [C, features]: one sample a row
+
+
+@pytest.mark.parametrize("cfg", [MLPConfig(hidden=[20]), MLPConfig(hidden=[9, 5], activation="elu"),
+                                 MLPConfig(hidden=[4], activation="tanh"), MLRConfig()], ids=lambda c: f"{c.name}")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_plain_models_stacked_gradient_without_autograd_is_autograds_bit_for_bit(cfg, dtype):
+    """StackedContext.grad (plain_grad: autograd's backward kernels called directly) against autograd on
+    StackedContext.loss: every client's gradient and loss to the last bit, for rows, batches and input widths from
+    tiny to the peer workloads' (784 inputs, ten clients of 20), with padding rows and a client all padding."""
+    for features, rows, size in itertools.product((12, 784), (1, 3, 10), (1, 5, 20)):
+        model = FlatModel(build_model(cfg, features, 4).to(dtype))
+        ctx = StackedContext([ClientContext(model, None, None)])
+        g = torch.Generator().manual_seed(features + rows * 100 + size)
+        w = (0.3 * torch.randn(rows, model.numel, generator=g)).to(dtype)
+        x = torch.randn(rows, size, features, generator=g).to(dtype)
+        y = torch.randint(0, 4, (rows, size), generator=g)
+        y[0, size // 2 + 1:] = PAD
+        if rows == 3:
+            y[1] = PAD
+        assert plain_grad.supported(model, x)
+        fast, slow = ctx.grad(w, (x, y)), grad(ctx.loss, w, (x, y))
+        assert torch.equal(fast[0], slow[0]) and torch.equal(fast[1], slow[1])
+
+
+def test_the_stacked_gradient_without_autograd_leaves_other_models_and_shapes_to_autograd():
+    act = torch.nn.Tanh()  # one instance in two places: its gradient sums over both, in autograd's engine
+    shared = FlatModel(torch.nn.Sequential(torch.nn.Linear(6, 5), act, torch.nn.Linear(5, 5), act, torch.nn.Linear(5, 3)))
+    x = torch.randn(2, 4, 6)
+    assert not plain_grad.supported(shared, x)
+    assert not plain_grad.supported(FlatModel(build_model(MLPConfig(hidden=[4], norm="batch"), 6, 3)), x)
+    assert not plain_grad.supported(FlatModel(build_model(MLPConfig(hidden=[4]), 6, 3)), x[0])  # [C, features]
+    ctx = StackedContext([ClientContext(shared, None, None)])
+    w, y = torch.randn(2, shared.numel), torch.randint(0, 3, (2, 4))
+    fast, slow = ctx.grad(w, (x, y)), grad(ctx.loss, w, (x, y))
+    assert torch.equal(fast[0], slow[0]) and torch.equal(fast[1], slow[1])
 
 
 def test_stacked_loss_and_gradient_are_each_clients_own():

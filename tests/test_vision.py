@@ -18,6 +18,7 @@ from fedsweep.config import ConfigError
 from fedsweep.data import ImageConfig, build_federated_dataset, vision
 from fedsweep.engine import run_local
 from fedsweep.loading import validate
+from fedsweep.schema import FieldError
 from tests.conftest import config_dict
 
 
@@ -341,3 +342,28 @@ def test_pixels_become_float32_in_the_unit_interval_as_the_plain_division_gives_
     assert out.dtype == np.float32 and out.shape == images.shape
     assert np.array_equal(out, np.asarray(images, dtype=np.float32) / 255.0)  # every pixel value, bit for bit
     assert out[0, 0] == 0.0 and out[-1, -1] == 1.0 and images[-1, -1] == 255  # the input is left as it was
+
+
+@pytest.mark.parametrize("partition", [
+    {"name": "iid"}, {"name": "label_skew", "classes_per_client": 2}, {"name": "dirichlet", "concentration": 0.3},
+    {"name": "shards", "shards_per_client": 2}, {"name": "perfedavg", "a": 4, "test_images_per_class": 2},
+    {"name": "pfedme_mnist", "min_samples": 10, "max_samples": 14, "label_assignment": "chain"},
+    {"name": "acid", "classes_per_client": 2}, {"name": "alid", "classes_per_client": 2}], ids=lambda p: p["name"])
+def test_the_checks_labels_only_build_is_the_full_builds_split(tmp_path, partition):
+    """What a sweep's checks build (``inputs=False``: zero-width images, the pixels neither copied nor converted)
+    has every shard's labels, sizes and validation part of the dataset its trials build, and fails as that does."""
+    make_mnist(tmp_path, per_class_train=40, per_class_test=12)
+    cfg = ImageConfig(dataset="mnist", root=str(tmp_path), num_clients=4, partition=partition, validation_fraction=0.2)
+    full, labels = build_federated_dataset(cfg), build_federated_dataset(cfg, inputs=False)
+    assert (labels.num_features, labels.num_classes) == (full.num_features, full.num_classes) == (784, 10)
+    for a, b in zip(full.clients, labels.clients, strict=True):
+        for ya, yb in ((a.y_train, b.y_train), (a.y_test, b.y_test), (a.y_val, b.y_val)):
+            assert torch.equal(ya, yb)
+        assert b.x_train.shape == (a.num_train, 0) and b.x_test.shape == (a.num_test, 0)
+    too_many = ImageConfig(**{**cfg.model_dump(), "num_clients": 400})
+    errors = []
+    for inputs in (True, False):
+        with pytest.raises((ValueError, FieldError)) as e:
+            build_federated_dataset(too_many, inputs=inputs)
+        errors.append(str(e.value))
+    assert errors[0] == errors[1]

@@ -99,6 +99,8 @@ class Context(Protocol):
 
     def loss(self, params: torch.Tensor, batch: Batch) -> torch.Tensor: ...
 
+    def grad(self, params: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, float | torch.Tensor]: ...
+
     def batch(self, batch_size: int | None) -> Batch: ...
 
     def train_data(self) -> Batch: ...
@@ -116,6 +118,10 @@ class ClientContext:
         """f_i(w; D): mean cross-entropy of the model with parameters ``params`` on ``batch``."""
         x, y = batch
         return torch.nn.functional.cross_entropy(self.model(params, x), y)
+
+    def grad(self, params: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, float]:
+        """∇f_i(w; D) and f_i(w; D) (:func:`grad` of :meth:`loss`)."""
+        return grad(self.loss, params, batch)
 
     def train_data(self) -> Batch:
         return self.data.x_train, self.data.y_train
@@ -207,7 +213,7 @@ def sgd(
     ``weight_decay`` λ_wd w added, in that order, as ``clip_grad_norm_`` before ``torch.optim.SGD`` does.
     """
     if gradient is None:
-        gradient = lambda v: grad(ctx.loss, v, ctx.batch(batch_size))
+        gradient = lambda v: ctx.grad(v, ctx.batch(batch_size))
     w = params.detach().clone()
     total = 0.0
     for _ in range(steps):

@@ -9,7 +9,8 @@ a :class:`StackedContext` instead of C times on a :class:`~fedsweep.algorithms.b
   (:meth:`~fedsweep.models.FlatModel.rows`: :func:`torch.func.vmap`, or for a plain model the batched products
   vmap computes). Since f_c depends on row c only, ∇_W Σ_c f_c has ∇f_c(w_c; D_c) in
   row c, so :func:`~fedsweep.algorithms.base.grad` returns every client's own gradient at once (and a
-  Hessian-vector product of the sum is block-diagonal, client by client, likewise).
+  Hessian-vector product of the sum is block-diagonal, client by client, likewise); ``grad(W, batch)`` is that
+  result, for a plain model computed without autograd's graph (:mod:`.plain_grad`, bit for bit).
 - ``batch`` draws each client's minibatch with that client's own generator, in the same order as the
   one-client path, so the same samples are seen; batches of unequal size (a client with fewer samples
   than the batch size uses them all) are padded with ignored labels, and each client's loss is the
@@ -28,10 +29,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from fedsweep.algorithms.base import Batch, ClientContext, State
-
-#: Label of a padding row: cross-entropy ignores it.
-PAD = -100
+from fedsweep.algorithms import plain_grad
+from fedsweep.algorithms.base import Batch, ClientContext, State, grad
+from fedsweep.algorithms.plain_grad import PAD  # the label of a padding row: cross-entropy ignores it
 
 
 def pad_stack(batches: list[Batch]) -> Batch:
@@ -64,6 +64,13 @@ class StackedContext:
         logits = self.model.rows(params, x)
         per_sample = F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=PAD, reduction="none")
         return per_sample.view(y.shape).sum(1) / (y != PAD).sum(1).clamp(min=1)
+
+    def grad(self, params: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every client's gradient of :meth:`loss` in its row, and its loss: :func:`~.base.grad`'s result, for a
+        plain model without autograd's graph (:mod:`.plain_grad`, the same numbers bit for bit)."""
+        if plain_grad.supported(self.model, batch[0]):
+            return plain_grad.stacked_cross_entropy(self.model, params.detach(), *batch)
+        return grad(self.loss, params, batch)
 
     def batch(self, batch_size: int | None) -> Batch:
         return pad_stack([c.batch(batch_size) for c in self.contexts])
