@@ -20,6 +20,17 @@ _SEP = "|"
 def save(checkpoint: dict, storage: Storage, folder: str, extra: dict[str, Any] | None = None) -> None:
     """Write :meth:`fedsweep.federation.Server.checkpoint`'s output (plus JSON-able ``extra``) to ``folder`` of
     ``storage``: the arrays first, the JSON last, so that a folder with its JSON is complete."""
+    write(storage, folder, *encode(checkpoint, extra))
+
+
+def write(storage: Storage, folder: str, arrays: bytes, meta: bytes) -> None:
+    """:func:`encode`'s bytes to ``folder``, the arrays first."""
+    storage.write_bytes(posixpath.join(folder, ARRAYS), arrays)
+    storage.write_bytes(posixpath.join(folder, META), meta)
+
+
+def encode(checkpoint: dict, extra: dict[str, Any] | None = None) -> tuple[bytes, bytes]:
+    """The checkpoint as the bytes of its two files (arrays, JSON): a copy of it, whatever changes after."""
     arrays = {"params": checkpoint["params"]}
     arrays.update({f"server{_SEP}{k}": v for k, v in checkpoint["server_state"].items()})
     times_trained = {}
@@ -29,14 +40,13 @@ def save(checkpoint: dict, storage: Storage, folder: str, extra: dict[str, Any] 
             arrays[f"client{_SEP}{cid}{_SEP}{k}"] = v
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
-    storage.write_bytes(posixpath.join(folder, ARRAYS), buffer.getvalue())
     meta = {key: checkpoint[key] for key in ("round", "floats_up", "floats_down")}
     if "wall_time_s" in checkpoint:  # the run's seconds of rounds so far (execute adds it): a resumed clock goes on
         meta["wall_time_s"] = float(checkpoint["wall_time_s"])
     meta["times_trained"] = times_trained
     # a state with no arrays ({}: FedAvg's) is a state, not None (not yet trained)
     meta["stateful"] = sorted(int(c) for c, (state, _) in checkpoint["clients"].items() if state is not None)
-    storage.write_bytes(posixpath.join(folder, META), json.dumps({**meta, "extra": extra or {}}).encode())
+    return buffer.getvalue(), json.dumps({**meta, "extra": extra or {}}).encode()
 
 
 def load(storage: Storage, folder: str) -> tuple[dict, dict[str, Any]]:
@@ -69,8 +79,13 @@ def load(storage: Storage, folder: str) -> tuple[dict, dict[str, Any]]:
 def save_latest(checkpoint: dict, storage: Storage, trial_dir: str, extra: dict[str, Any] | None = None) -> str:
     """Write ``round_NNNNNN`` under ``trial_dir``, then remove older rounds: whenever the process dies, the
     newest complete checkpoint (one with its JSON) is in the storage."""
-    final = posixpath.join(trial_dir, f"round_{checkpoint['round']:06d}")
-    save(checkpoint, storage, final, extra)
+    return write_latest(storage, trial_dir, checkpoint["round"], *encode(checkpoint, extra))
+
+
+def write_latest(storage: Storage, trial_dir: str, rnd: int, arrays: bytes, meta: bytes) -> str:
+    """:func:`save_latest` of a checkpoint of round ``rnd`` :func:`encode` made."""
+    final = posixpath.join(trial_dir, f"round_{rnd:06d}")
+    write(storage, final, arrays, meta)
     for older in storage.folders(trial_dir, "round_"):
         if older < posixpath.basename(final):
             storage.remove_folder(posixpath.join(trial_dir, older))

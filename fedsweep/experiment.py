@@ -304,9 +304,10 @@ def execute(
             rnd = int(metrics["round"])
             if logger and rnd > logger.logged_through:
                 logger.log_round(metrics)
-            # a run resumed from a checkpoint finds every round before it in MLflow: while the tracking server
-            # does not answer (the logger holds rounds), no checkpoint is saved, and a retry reruns those rounds
-            if rnd in checkpoint_rounds and not metrics.get("diverged") and (not logger or logger.flush()):
+            # a run resumed from a checkpoint finds every round before it in MLflow: ``on_checkpoint`` saves it
+            # once the logger's rounds are written (while the tracking server does not answer, later or never:
+            # a retry then reruns those rounds from an earlier one)
+            if rnd in checkpoint_rounds and not metrics.get("diverged"):
                 on_checkpoint(metrics, runner.checkpoint(rnd) | {"wall_time_s": metrics.get("wall_time_s", 0.0)})
             else:
                 on_round(metrics)

@@ -19,6 +19,7 @@ import tempfile
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 #: Metrics held in memory (about 200 bytes each); the rounds beyond go to a file until the held ones are written.
@@ -95,6 +96,8 @@ class MetricWriter:
         self.refused: BaseException | None = None  # a permanent refusal: the thread has stopped
         self.gave_up = False  # check() or wait() has raised: this writer is done
         self.written = 0
+        self._action: tuple[int, Callable[[], None]] | None = None  # (metrics to write first, what to run then)
+        self.action_error: BaseException | None = None
 
     @property
     def held(self) -> int:
@@ -109,9 +112,23 @@ class MetricWriter:
                 else:
                     self._memory.append(metrics)
                     self._in_memory += len(metrics)
-            if self._thread is None and self.held:
-                self._thread = threading.Thread(target=self._run, name=f"mlflow-metrics-{self.run_id[:8]}", daemon=True)
-                self._thread.start()
+            if self.held:
+                self._start()
+            self._cond.notify_all()
+
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=f"mlflow-metrics-{self.run_id[:8]}", daemon=True)
+            self._thread.start()
+
+    def after_written(self, action: Callable[[], None], later: int = 0) -> None:
+        """Run ``action`` in the writer's thread once every metric put so far, and the ``later`` ones the caller
+        puts next, is written: a checkpoint saved when MLflow holds every round before it, without the trial
+        waiting for the writes. It replaces an earlier action not yet run (a newer checkpoint supersedes an older
+        one); one pending when the writer is closed is dropped. An error of it is raised by the next :meth:`check`."""
+        with self._cond:
+            self._action = (self.written + self.held + later, action)
+            self._start()
             self._cond.notify_all()
 
     def check(self) -> None:
@@ -151,6 +168,9 @@ class MetricWriter:
     # ---------------------------------------------------------------- internals, under self._cond
 
     def _raise_if_done(self) -> None:
+        if self.action_error is not None:
+            self.gave_up = True
+            raise self.action_error
         if self.refused is not None:
             self.gave_up = True
             raise self.refused
@@ -219,14 +239,34 @@ class MetricWriter:
                 self.spill_file, self._read_at = None, 0
         self.written += len(batch)
 
+    def _due(self) -> Callable[[], None] | None:
+        """The action whose metrics are all written, taken; else None."""
+        if self._action is None or self.written < self._action[0]:
+            return None
+        action, self._action = self._action[1], None
+        return action
+
     def _run(self) -> None:
         pause = PAUSES_S[0]
         while True:
             with self._cond:
-                while not self._stop.is_set() and not self.held:
+                while not self._stop.is_set() and not self.held and (self._action is None or self.written < self._action[0]):
                     self._cond.wait()
                 if self._stop.is_set():
                     return
+                action = self._due()
+            if action is not None:
+                try:
+                    action()
+                except Exception as e:  # noqa: BLE001 - raised in the trial's thread by check()
+                    with self._cond:
+                        self.action_error = e
+                        self._cond.notify_all()
+                    return
+                continue
+            with self._cond:
+                if not self.held:
+                    continue
                 batch, where = self._next_batch()
             started = time.monotonic()
             try:

@@ -133,7 +133,10 @@ def _experiment(cfg: ExperimentConfig, overrides: dict, index: int, tracking: di
             to_tune(dict(last))
 
     def save_and_report(metrics: dict[str, float], checkpoint: dict) -> None:
-        checkpoint_files.save_latest(checkpoint, *checkpoints, {"run_id": logger.run_id})
+        # saved once MLflow holds every round before it (a resumed run finds them there), by the writer's thread:
+        # the trial does not wait for the writes (0.45 s of a 3.6-s MNIST trial's checkpoints every 5 rounds did)
+        files = checkpoint_files.encode(checkpoint, {"run_id": logger.run_id})
+        logger.after_written(lambda: checkpoint_files.write_latest(*checkpoints, checkpoint["round"], *files))
         report(metrics)
 
     execute(cfg, logger, report, trial_placement_group=ray.util.get_current_placement_group(),

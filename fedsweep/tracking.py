@@ -315,6 +315,11 @@ class RunLogger:
         self.writer.put(self.pending)
         self.pending, self._pending_count = [], 0
 
+    def after_written(self, action) -> None:
+        """``action()`` once MLflow holds every round logged so far (:meth:`~fedsweep.metric_writer.MetricWriter.after_written`):
+        the rounds still held here go with the next hand-over, and the trial goes on meanwhile."""
+        self.writer.after_written(action, later=self._pending_count)
+
     def flush(self) -> bool:
         """Hand the rounds held by :meth:`log_round` to the writer and wait while it writes them: True once the
         run holds every round logged so far; False, without waiting, while the server does not answer (an

@@ -80,3 +80,54 @@ def test_outage_limit_is_a_positive_number_of_seconds():
     for bad in (0, -5, float("inf"), "600"):
         with pytest.raises(ConfigError, match="outage_limit_s"):
             validate(config_dict(tracking={"outage_limit_s": bad}))
+
+
+def test_an_action_runs_once_every_metric_before_it_is_written_the_newest_replacing_older_ones(tmp_path):
+    """What a sweep's checkpoints use: ``after_written`` runs in the writer's thread after the metrics put before
+    it and the ``later`` ones still to come are in the store (the trial does not wait); a newer action replaces
+    one not yet run; none runs while the server does not answer; an action's error reaches the trial's check()."""
+    import threading
+
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    c = MlflowClient(uri)
+    run_id = c.create_run(c.create_experiment("writer")).info.run_id
+    writer = MetricWriter(uri, run_id, limit_s=60)
+    seen, ran = [], threading.Event()
+
+    def action(name):
+        def run():
+            seen.append((name, writer.written, threading.current_thread() is not threading.main_thread()))
+            ran.set()
+        return run
+
+    writer.after_written(action("first"), later=11)  # round 0 not yet put: it waits for it
+    writer.after_written(action("second"), later=22)  # replaces the first
+    time.sleep(0.3)
+    assert seen == []
+    writer.put(rounds(1))
+    time.sleep(0.3)
+    assert seen == []  # 11 of the 22 metrics written
+    writer.put(rounds(1, first=1))
+    assert ran.wait(10) and seen == [("second", 22, True)]
+    assert sorted(m.step for m in c.get_metric_history(run_id, "m0")) == [0, 1]
+
+    def broken():
+        raise OSError("disk full")
+
+    writer.after_written(broken)
+    deadline = time.monotonic() + 10
+    while writer.action_error is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with pytest.raises(OSError, match="disk full"):
+        writer.check()
+    writer.close()
+
+    down = MetricWriter(f"http://127.0.0.1:{free_port()}", "0" * 32, limit_s=60, spill_dir=str(tmp_path))
+    down.put(rounds(1))
+    down.after_written(action("never"))
+    assert not down.wait(until_written=False)
+    time.sleep(0.5)
+    down.close()
+    assert [s[0] for s in seen] == ["second"]

@@ -48,9 +48,10 @@ def assert_each_round_once(steps: dict[str, list[int]], reference: dict[str, lis
 
 
 def test_an_outage_past_the_limit_fails_the_trial_and_its_retry_loses_nothing(mlflow_server, tmp_path, monkeypatch):
-    """In this process (no Ray): the server is stopped in round 7; the trial trains on, holding its rounds (past 40
-    metrics in a file) and saving no checkpoint, until the limit fails it. Its run holds rounds 0-6 (the last
-    checkpoint's); the retry from that checkpoint, once the server is back, logs the rest once."""
+    """In this process (no Ray): the server is stopped in round 7, once rounds 0-7 are written; the trial trains on,
+    holding its rounds (past 40 metrics in a file) and saving no checkpoint (a sweep saves one once the logger's
+    rounds are written, ``RunLogger.after_written``), until the limit fails it. Its run holds rounds 0-7 (the last
+    checkpoint's, 6, and one more); the retry from that checkpoint, once the server is back, logs the rest once."""
     from mlflow import MlflowClient
 
     monkeypatch.setattr(metric_writer, "MAX_HELD", 40)
@@ -65,29 +66,33 @@ def test_an_outage_past_the_limit_fails_the_trial_and_its_retry_loses_nothing(ml
     def on_round(m: dict[str, float]) -> None:
         rnd = int(m["round"])
         if rnd == 7:
+            assert logger.flush()  # rounds 0-7 written (and the checkpoint of round 6 saved) before the outage
             mlflow_server.stop()
-        if rnd == 12:  # the outage began at round 8's write; let it outlast the limit
+        if rnd == 11:  # the outage began at round 8's write; let it outlast the limit
             deadline = time.monotonic() + 60
             while (since := logger.writer.outage_since) is None or time.monotonic() - since <= limit:
                 assert time.monotonic() < deadline, "the writer never saw the outage"
                 time.sleep(0.1)
             seen.update(held=logger.writer.held, spill_file=logger.writer.spill_file)
 
-    with pytest.raises(TrackingOutage, match=rf"tracking\.outage_limit_s={limit}: .* from round 7 on are held") as failed:
+    with pytest.raises(TrackingOutage, match=rf"tracking\.outage_limit_s={limit}: .* from round 8 on are held") as failed:
         execute(cfg, logger, on_round, checkpoint_every=3, runner=InProcessRunner(cfg),
-                on_checkpoint=lambda m, checkpoint: checkpoints.update({int(m["round"]): checkpoint}))
+                on_checkpoint=lambda m, checkpoint: logger.after_written(
+                    lambda: checkpoints.update({int(m["round"]): checkpoint})))
     assert url in str(failed.value)
-    assert sorted(checkpoints) == [3, 6]  # none at 9 or 12: rounds before them were not in MLflow
-    assert seen["held"] > 40 and seen["spill_file"] is not None  # rounds 7-12, part of them in the file
+    # none at 9 or 12: rounds before them were not in MLflow (round 3's, if not yet saved when round 6's came, is
+    # replaced by it: the newer supersedes)
+    assert max(checkpoints) == 6 and set(checkpoints) <= {3, 6}
+    assert seen["held"] > 40 and seen["spill_file"] is not None  # rounds 8-11, part of them in the file
     assert not Path(seen["spill_file"]).exists()  # removed with the writer: the retry recomputes those rounds
 
     mlflow_server.start()
     c = MlflowClient(url)
     assert c.get_run(logger.run_id).info.status == "RUNNING"  # not ended by an attempt that could not reach it
-    assert sorted(m.step for m in c.get_metric_history(logger.run_id, "uploads")) == list(range(7))
+    assert sorted(m.step for m in c.get_metric_history(logger.run_id, "uploads")) == list(range(8))
 
     retry = RunLogger(url, exp, cfg, "limit", run_id=logger.run_id)  # what a Tune retry does (fedsweep.sweep)
-    assert retry.logged_through == 6
+    assert retry.logged_through == 7
     execute(cfg, retry, runner=InProcessRunner(cfg), resume=checkpoints[6])
     reference = RunLogger(url, exp, cfg, "reference")
     execute(cfg, reference, runner=InProcessRunner(cfg))
