@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import posixpath
 import subprocess
@@ -41,6 +42,8 @@ def _git_sha() -> str:
 
 #: Written into the Tune experiment folder when a sweep starts: what `--resume` needs to find it again.
 SWEEP_STATE = "fedsweep_sweep.json"
+#: Seconds between two evaluation rounds a trial without a scheduler reports to Tune (its last one always).
+REPORT_EVERY_S = 0.5
 
 
 def _earlier_attempts(tracking: dict[str, str], trial_id: str, seed: int, keep: str | None = None):
@@ -85,8 +88,8 @@ def quiet_ignored_exit() -> None:
 
 def _experiment(cfg: ExperimentConfig, overrides: dict, index: int, tracking: dict[str, str], checkpoint_every: int,
                 checkpoints: tuple[Storage, str] | None, to_tune: Callable[[dict[str, float]], None]) -> dict[str, float]:
-    """One experiment of a trial, its own MLflow run, each evaluation round passed to ``to_tune``; returns its
-    last evaluation's metrics. Every ``checkpoint_every`` rounds it saves a checkpoint in ``checkpoints`` (the
+    """One experiment of a trial, its own MLflow run, its evaluation rounds passed to ``to_tune`` (all of them under
+    a scheduler; else one at most every :data:`REPORT_EVERY_S`, and the last); returns its last evaluation's metrics. Every ``checkpoint_every`` rounds it saves a checkpoint in ``checkpoints`` (the
     sweep's storage and this experiment's folder there; kept by fedsweep, not Tune, so that what is stored never
     depends on when Tune last saved its own state); an experiment that starts again (resume, retry, on any node)
     goes on from the newest one."""
@@ -123,14 +126,22 @@ def _experiment(cfg: ExperimentConfig, overrides: dict, index: int, tracking: di
     if resume is not None:
         logger.client.set_tag(logger.run_id, f"{TAG_PREFIX}resumed_after_round", str(resume["round"]))
     last: dict[str, float] = {}
+    told = {"at": -math.inf, "all": True}  # when Tune was last told an evaluation round; whether it knows the last
 
     def report(metrics: dict[str, float]) -> None:
         if "personalized_accuracy_mean" in metrics or metrics.get("diverged"):  # an evaluation round
             last.clear()
             last.update({k: float(v) for k, v in metrics.items()})
-            if tracking.get("scheduler"):  # the scheduler may stop the trial on this report, and its process may end
-                logger.writer.wait(until_written=False)  # before the writer's thread wrote the rounds: written first
-            to_tune(dict(last))
+            scheduled = bool(tracking.get("scheduler"))
+            if scheduled:  # the scheduler may stop the trial on this report, and its process may end
+                logger.flush()  # before the writer's thread wrote the rounds: written first
+            # A report holds the trial until Tune's driver has taken it (a round trip through the driver's loop:
+            # 4-5 ms, 0.1 s of a 1.5-s trial's 21); without a scheduler nothing decides on the rounds between, so
+            # Tune hears of one at most every REPORT_EVERY_S, and of the last one always (below)
+            told["all"] = False
+            if scheduled or metrics.get("diverged") or time.monotonic() - told["at"] >= REPORT_EVERY_S:
+                to_tune(dict(last))
+                told.update(at=time.monotonic(), all=True)
 
     def save_and_report(metrics: dict[str, float], checkpoint: dict) -> None:
         # saved once MLflow holds every round before it (a resumed run finds them there), by the writer's thread:
@@ -141,6 +152,8 @@ def _experiment(cfg: ExperimentConfig, overrides: dict, index: int, tracking: di
 
     execute(cfg, logger, report, trial_placement_group=ray.util.get_current_placement_group(),
             checkpoint_every=checkpoint_every if checkpoints else 0, on_checkpoint=save_and_report, resume=resume)
+    if last and not told["all"]:  # the final evaluation round, which Tune selects on
+        to_tune(dict(last))
     return last
 
 

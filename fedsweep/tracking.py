@@ -33,6 +33,10 @@ STOPPED_EARLY = "stopped_early"
 STOPPED_AFTER = f"{TAG_PREFIX}stopped_after_round"
 #: Metrics held before a write even without an evaluation round (a long evaluation interval).
 _FLUSH_AT = 900
+#: Seconds since the last hand-over before an evaluation round hands its rounds to the writer: faster intervals go
+#: several to one write (a 200-round MNIST trial's 21 writes to SQLite took 0.33 s of its CPU; docs/performance.md,
+#: "Fifty-second session"), and MLflow shows a run's rounds at most about this much later.
+LINGER_S = 0.5
 # Keys of a round's metrics that are not logged as MLflow metrics.
 _NOT_METRICS = {"round", "diverged"}
 
@@ -259,6 +263,7 @@ class RunLogger:
         self.logged_through = -1  # the last round whose metrics this run holds (written, or held until the next flush)
         self.pending: list[list] = []  # the rounds since the last flush, each a list of metrics
         self._pending_count = 0
+        self._handed_at = -math.inf  # time.monotonic() of the last hand-over: the first evaluation round goes at once
         self.history: list[dict[str, float]] = []
         if run_id is not None:  # a trial resumed from a checkpoint goes on logging into its own run
             self.run_id = run_id
@@ -288,10 +293,11 @@ class RunLogger:
         self.history = [by_round[r] for r in sorted(by_round)]
 
     def log_round(self, metrics: dict[str, float]) -> None:
-        """A round's metrics, held until the next evaluation round, which hands them all to the writer in one
-        call (one store round trip per evaluation interval instead of one per round; docs/performance.md,
-        section 5) and goes on training while the writer's thread writes them; :meth:`flush` hands them sooner
-        and waits until they are written (checkpoints), :meth:`finish` at the end and on failure.
+        """A round's metrics, held until an evaluation round at least :data:`LINGER_S` after the last hand-over,
+        which hands them all to the writer in one call (one store round trip for one or several evaluation
+        intervals instead of one per round; docs/performance.md, section 5) and goes on training while the
+        writer's thread writes them; :meth:`flush` hands them sooner and waits until they are written (a
+        scheduler's report), :meth:`finish` at the end and on failure.
         Raises :class:`~fedsweep.metric_writer.TrackingOutage` once the server has not taken metrics for
         ``tracking.outage_limit_s``."""
         from mlflow.entities import Metric
@@ -307,13 +313,14 @@ class RunLogger:
         self.logged_through = step
         if "personalized_accuracy_mean" in metrics:  # an evaluation round
             self.history.append(metrics)
-        if "personalized_accuracy_mean" in metrics or self._pending_count >= _FLUSH_AT:
+        evaluated = "personalized_accuracy_mean" in metrics
+        if self._pending_count >= _FLUSH_AT or (evaluated and time.monotonic() - self._handed_at >= LINGER_S):
             self._hand_over()
         self.writer.check()
 
     def _hand_over(self) -> None:
         self.writer.put(self.pending)
-        self.pending, self._pending_count = [], 0
+        self.pending, self._pending_count, self._handed_at = [], 0, time.monotonic()
 
     def after_written(self, action) -> None:
         """``action()`` once MLflow holds every round logged so far (:meth:`~fedsweep.metric_writer.MetricWriter.after_written`):

@@ -81,7 +81,9 @@ def test_killed_sweep_resumes_without_rerunning_or_duplicating(tmp_path, storage
     node that replaced the lost one: all it finds of the sweep is in the bucket and in MLflow."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     body = config_dict(
-        algorithm={"local_lr": {"grid": [0.1, 0.05]}, "local_steps": 150}, rounds=6, eval_every=2,
+        # rounds long enough that an evaluation interval outlasts tracking.LINGER_S: each evaluation round's metrics
+        # (and the checkpoints after them) are written while the trial runs, for the kill below to fall mid-trial
+        algorithm={"local_lr": {"grid": [0.1, 0.05]}, "local_steps": 400}, rounds=6, eval_every=2,
         resources={"cluster_cpus": 2, "client_workers": 1}, tracking={"experiment": "resume", "tracking_uri": uri},
     )
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_RUN_ID")}

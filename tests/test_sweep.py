@@ -64,6 +64,12 @@ def test_sweep_of_four_trials_two_at_a_time(finished_sweep, tracking_uri):
         steps = [m.step for m in c.get_metric_history(r.info.run_id, "personalized_accuracy_mean")]
         assert sorted(steps) == [0, 2, 3]
         assert sorted(m.step for m in c.get_metric_history(r.info.run_id, "local_train_loss")) == [1, 2, 3]
+    # Tune knows each trial's last evaluation round (the final report, whichever rounds before it were reported,
+    # sweep.REPORT_EVERY_S): what a searcher and the sweep's end read
+    finals = {r.data.tags["ray.trial_id"]: r.data.metrics["personalized_accuracy_mean"] for r in children}
+    assert {r.metrics["trial_id"]: (r.metrics["round"], r.metrics["personalized_accuracy_mean"]) for r in out["results"]} == \
+        {trial: (3.0, value) for trial, value in finals.items()}
+    for r in children:
         artifacts = {a.path for a in c.list_artifacts(r.info.run_id, "plots")} | {
             a.path for a in c.list_artifacts(r.info.run_id, "clients")
         }

@@ -28,13 +28,17 @@ def test_setting_label_leaves_out_seed_and_name():
     assert setting_label({"seed": 1}) == "default"
 
 
-def test_rounds_are_written_at_evaluations_checkpoints_and_the_end_and_none_is_lost(tmp_path):
-    """A run's per-round metrics go to the store in one call per evaluation interval: held until the next
-    evaluation round, which hands them to the writer's thread and goes on (a flush, before a checkpoint, waits
-    until they are written), the rest written by finish, also on failure."""
+def test_rounds_are_written_at_evaluations_a_flush_and_the_end_and_none_is_lost(tmp_path, monkeypatch):
+    """A run's per-round metrics go to the store in one call per evaluation interval (or several intervals, when
+    they come faster than ``LINGER_S``): held until an evaluation round, which hands them to the writer's thread and
+    goes on (a flush, as a scheduler's report does, waits until they are written), the rest written by finish,
+    also on failure."""
+    from fedsweep import tracking
     from fedsweep.engine import run_local
     from fedsweep.loading import validate
     from fedsweep.tracking import RunLogger, client, ensure_experiment
+
+    monkeypatch.setattr(tracking, "LINGER_S", 3600.0)  # every evaluation round comes within the linger (below: 0)
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cfg = validate({"data": {"dataset": "synthetic", "num_clients": 4, "max_samples_per_client": 60}, "model": {"name": "mlr"},
@@ -43,19 +47,26 @@ def test_rounds_are_written_at_evaluations_checkpoints_and_the_end_and_none_is_l
     c = client(uri)
     log = RunLogger(uri, ensure_experiment(uri, "batched"), cfg, "batched")
     stored = lambda: sorted(m.step for m in c.get_metric_history(log.run_id, "uploads"))
-    for metrics in history[:3]:  # rounds 0 (an evaluation), 1, 2
+    for metrics in history[:3]:  # rounds 0 (an evaluation, the run's first: handed over at once), 1, 2
         log.log_round(metrics)
     assert log.writer.wait() and stored() == [0] and log.logged_through == 2
-    log.log_round(history[3])  # round 3, an evaluation: rounds 1-3 in one write
-    assert len(log.pending) == 0 and log.writer.wait() and stored() == [0, 1, 2, 3]
+    log.log_round(history[3])  # round 3, an evaluation within the linger: held with rounds 1-2
+    assert len(log.pending) == 3 and log.writer.wait() and stored() == [0]
     log.log_round(history[4])
-    log.flush()  # as execute does before saving a checkpoint
-    assert stored() == [0, 1, 2, 3, 4]
+    log.flush()  # as a report to a scheduler does
+    assert len(log.pending) == 0 and stored() == [0, 1, 2, 3, 4]
+    monkeypatch.setattr(tracking, "LINGER_S", 0.0)
     log.log_round(history[5])
+    assert len(log.pending) == 1
+    log.log_round(history[6])  # round 6, an evaluation past the linger: rounds 5-6 in one write
+    assert len(log.pending) == 0 and log.writer.wait() and stored() == list(range(7))
+    monkeypatch.setattr(tracking, "LINGER_S", 3600.0)
+    log.log_round(history[7])  # the last round, an evaluation within the linger: held
+    assert len(log.pending) == 1
     log.finish(None, "FAILED", "error")  # a failure still writes what was held
-    assert stored() == [0, 1, 2, 3, 4, 5]
+    assert stored() == list(range(8))
     assert [m.value for m in sorted(c.get_metric_history(log.run_id, "uploads"), key=lambda m: m.step)] == \
-        [h["uploads"] for h in history[:6]]
+        [h["uploads"] for h in history]
 
 
 def test_a_stopped_early_run_counts_as_done_on_resume_only_under_a_scheduler(tracking_uri):

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fedsweep import metric_writer
+from fedsweep import metric_writer, tracking
 from fedsweep.experiment import InProcessRunner, execute
 from fedsweep.loading import load_sweep, validate
 from fedsweep.metric_writer import TrackingOutage
@@ -55,6 +55,7 @@ def test_an_outage_past_the_limit_fails_the_trial_and_its_retry_loses_nothing(ml
     from mlflow import MlflowClient
 
     monkeypatch.setattr(metric_writer, "MAX_HELD", 40)
+    monkeypatch.setattr(tracking, "LINGER_S", 0.0)  # each evaluation round hands its rounds to the writer, which holds them
     url, limit = mlflow_server.url, 2
     cfg = validate(config_dict(rounds=20, eval_every=2, resources=None,
                                tracking={"experiment": "outage-limit", "outage_limit_s": limit}))
