@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import posixpath
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -237,6 +239,29 @@ def _duration(seconds: float) -> str:
     return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m{s:02d}s"
 
 
+def _import_for_the_report(figures: bool) -> threading.Thread:
+    """Import the report's libraries (pandas, SciPy's t quantile, with ``figures`` matplotlib's pyplot) in a thread while the trials
+    run: the sweep's end, where this process alone works and the cores are idle, no longer waits for them (the
+    0.5-s import of pyplot of a 1.3-s end; docs/performance.md, "Fifty-second session"). An import that fails here
+    fails again, and is reported, where the report imports it."""
+
+    def load() -> None:
+        with contextlib.suppress(Exception):
+            import scipy.special  # noqa: F401
+
+            import fedsweep.report  # noqa: F401
+
+            if figures:
+                import matplotlib
+
+                matplotlib.use("Agg")
+                import matplotlib.pyplot
+
+    thread = threading.Thread(target=load, name="report-imports", daemon=True)
+    thread.start()
+    return thread
+
+
 def _log_report(uri: str, first: ExperimentConfig, parent: str, settings) -> None:
     """The sweep's report on its parent run (:mod:`fedsweep.report`; figures unless ``tracking.log_plot`` is off);
     a failure to draw it is said, and loses nothing the trials logged."""
@@ -422,6 +447,7 @@ def run_sweep(sweep: Sweep, verbose: int = 1, resume: bool = False, tags: dict[s
         storage.write_bytes(posixpath.join(experiment_dir, SWEEP_STATE), json.dumps(state, indent=1).encode())
     status = "FAILED"
     try:
+        _import_for_the_report(first.tracking.log_plot)
         results = tuner.fit()
         stopped = mark_stopped_early(tracking) if settings.scheduler is not None else set()
         if cut := interrupted(results, total, lambda config: placed(config).rounds, stopped):  # Ctrl-C
