@@ -104,7 +104,9 @@ def test_a_worker_node_lost_mid_trial(cluster, tmp_path):
     node's trials start."""
     first = [cluster.add_node(2), cluster.add_node(2)]
     path = sweep_file(tmp_path, "lost", {"max_concurrent_trials": 3, "trial_retries": 2, "checkpoint_every": 1},
-                      algorithm={"local_lr": {"grid": [0.1, 0.05, 0.03, 0.01]}, "local_steps": 400},
+                      # rounds long enough that an evaluation interval outlasts tracking.LINGER_S: MLflow shows the
+                      # rounds (and a checkpoint follows them) while each trial is mid-way, not near its end
+                      algorithm={"local_lr": {"grid": [0.1, 0.05, 0.03, 0.01]}, "local_steps": 800},
                       rounds=10, eval_every=2,
                       resources={"server_cpus": 0.5, "client_cpus": 0.5, "client_workers": 2})
     proc = start_sweep(path, cluster.address)
