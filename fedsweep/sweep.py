@@ -91,8 +91,8 @@ def quiet_ignored_exit() -> None:
 def _experiment(cfg: ExperimentConfig, overrides: dict, index: int, tracking: dict[str, str], checkpoint_every: int,
                 checkpoints: tuple[Storage, str] | None, to_tune: Callable[[dict[str, float]], None]) -> dict[str, float]:
     """One experiment of a trial, its own MLflow run, its evaluation rounds passed to ``to_tune`` (all of them under
-    a scheduler; else one at most every :data:`REPORT_EVERY_S`, and the last); returns its last evaluation's metrics. Every ``checkpoint_every`` rounds it saves a checkpoint in ``checkpoints`` (the
-    sweep's storage and this experiment's folder there; kept by fedsweep, not Tune, so that what is stored never
+    a scheduler; else one at most every :data:`REPORT_EVERY_S`, and the last); returns its last evaluation's
+    metrics. Every ``checkpoint_every`` rounds it saves a checkpoint in ``checkpoints`` (the sweep's storage and this experiment's folder there; kept by fedsweep, not Tune, so that what is stored never
     depends on when Tune last saved its own state); an experiment that starts again (resume, retry, on any node)
     goes on from the newest one."""
     # A process Tune reuses for its next trial (reuse_actors) is reset only once this trial's thread has ended — its
@@ -240,8 +240,8 @@ def _duration(seconds: float) -> str:
 
 
 def _import_for_the_report(figures: bool) -> threading.Thread:
-    """Import the report's libraries (pandas, SciPy's t quantile, with ``figures`` matplotlib's pyplot) in a thread while the trials
-    run: the sweep's end, where this process alone works and the cores are idle, no longer waits for them (the
+    """Import the report's libraries (pandas, SciPy's t quantile, with ``figures`` matplotlib's pyplot) in a thread
+    while the trials run: the sweep's end, where this process alone works and the cores are idle, no longer waits for them (the
     0.5-s import of pyplot of a 1.3-s end; docs/performance.md, "Fifty-second session"). An import that fails here
     fails again, and is reported, where the report imports it."""
 
