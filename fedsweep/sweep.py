@@ -92,9 +92,10 @@ def _experiment(cfg: ExperimentConfig, overrides: dict, index: int, tracking: di
                 checkpoints: tuple[Storage, str] | None, to_tune: Callable[[dict[str, float]], None]) -> dict[str, float]:
     """One experiment of a trial, its own MLflow run, its evaluation rounds passed to ``to_tune`` (all of them under
     a scheduler; else one at most every :data:`REPORT_EVERY_S`, and the last); returns its last evaluation's
-    metrics. Every ``checkpoint_every`` rounds it saves a checkpoint in ``checkpoints`` (the sweep's storage and this experiment's folder there; kept by fedsweep, not Tune, so that what is stored never
-    depends on when Tune last saved its own state); an experiment that starts again (resume, retry, on any node)
-    goes on from the newest one."""
+    metrics. Every ``checkpoint_every`` rounds it saves a checkpoint in ``checkpoints`` (the sweep's storage and
+    this experiment's folder there; kept by fedsweep, not Tune, so that what is stored never depends on when Tune
+    last saved its own state); an experiment that starts again (resume, retry, on any node) goes on from the
+    newest one."""
     # A process Tune reuses for its next trial (reuse_actors) is reset only once this trial's thread has ended — its
     # MLflow run closed, plots and table written — and Tune waits TUNE_FUNCTION_THREAD_TIMEOUT_S for that (2 s by
     # default), then fails the *next* trial ("Trainable runner reuse requires reset_config() ..."). A trial ASHA
