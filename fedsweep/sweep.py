@@ -129,7 +129,7 @@ def _experiment(cfg: ExperimentConfig, overrides: dict, index: int, tracking: di
     if resume is not None:
         logger.client.set_tag(logger.run_id, f"{TAG_PREFIX}resumed_after_round", str(resume["round"]))
     last: dict[str, float] = {}
-    told = {"at": -math.inf, "all": True}  # when Tune was last told an evaluation round; whether it knows the last
+    told = {"at": -math.inf, "round": None}  # when Tune was last told an evaluation round, and which
 
     def report(metrics: dict[str, float]) -> None:
         if "personalized_accuracy_mean" in metrics or metrics.get("diverged"):  # an evaluation round
@@ -141,10 +141,9 @@ def _experiment(cfg: ExperimentConfig, overrides: dict, index: int, tracking: di
             # A report holds the trial until Tune's driver has taken it (a round trip through the driver's loop:
             # 4-5 ms, 0.1 s of a 1.5-s trial's 21); without a scheduler nothing decides on the rounds between, so
             # Tune hears of one at most every REPORT_EVERY_S, and of the last one always (below)
-            told["all"] = False
             if scheduled or metrics.get("diverged") or time.monotonic() - told["at"] >= REPORT_EVERY_S:
                 to_tune(dict(last))
-                told.update(at=time.monotonic(), all=True)
+                told.update(at=time.monotonic(), round=last["round"])
 
     def save_and_report(metrics: dict[str, float], checkpoint: dict) -> None:
         # saved once MLflow holds every round before it (a resumed run finds them there), by the writer's thread:
@@ -155,7 +154,7 @@ def _experiment(cfg: ExperimentConfig, overrides: dict, index: int, tracking: di
 
     execute(cfg, logger, report, trial_placement_group=ray.util.get_current_placement_group(),
             checkpoint_every=checkpoint_every if checkpoints else 0, on_checkpoint=save_and_report, resume=resume)
-    if last and not told["all"]:  # the final evaluation round, which Tune selects on
+    if last and last["round"] != told["round"]:  # the final evaluation round, which Tune selects on
         to_tune(dict(last))
     return last
 
@@ -240,11 +239,11 @@ def _duration(seconds: float) -> str:
     return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m{s:02d}s"
 
 
-def _import_for_the_report(figures: bool) -> threading.Thread:
+def _import_for_the_report(figures: bool) -> None:
     """Import the report's libraries (pandas, SciPy's t quantile, with ``figures`` matplotlib's pyplot) in a thread
-    while the trials run: the sweep's end, where this process alone works and the cores are idle, no longer waits for them (the
-    0.5-s import of pyplot of a 1.3-s end; docs/performance.md, "Fifty-second session"). An import that fails here
-    fails again, and is reported, where the report imports it."""
+    while the trials run: the sweep's end, where this process alone works and the cores are idle, no longer waits
+    for them (the 0.5-s import of pyplot of a 1.3-s end; docs/performance.md, "Fifty-second session"). An import
+    that fails here fails again, and is reported, where the report imports it."""
 
     def load() -> None:
         with contextlib.suppress(Exception):
@@ -258,9 +257,7 @@ def _import_for_the_report(figures: bool) -> threading.Thread:
                 matplotlib.use("Agg")
                 import matplotlib.pyplot
 
-    thread = threading.Thread(target=load, name="report-imports", daemon=True)
-    thread.start()
-    return thread
+    threading.Thread(target=load, name="report-imports", daemon=True).start()
 
 
 def _log_report(uri: str, first: ExperimentConfig, parent: str, settings) -> None:

@@ -311,9 +311,9 @@ class RunLogger:
         ])
         self._pending_count += len(self.pending[-1])
         self.logged_through = step
-        if "personalized_accuracy_mean" in metrics:  # an evaluation round
-            self.history.append(metrics)
         evaluated = "personalized_accuracy_mean" in metrics
+        if evaluated:
+            self.history.append(metrics)
         if self._pending_count >= _FLUSH_AT or (evaluated and time.monotonic() - self._handed_at >= LINGER_S):
             self._hand_over()
         self.writer.check()
