@@ -26,6 +26,11 @@ What is timed is what a user waits for: the whole command, interpreter start to 
             flower`` per setting, two at a time as pfl; its own client sampler, so its accuracies are reported, not
             compared
 
+With ``grid``, each repetition also times fedsweep's rounds of one setting alone (``run_local`` in a process of its
+own, one thread; not part of any timed command): 16 × that / 2 cores is what the grid's trials cannot go below, and
+its ratio to each peer, printed as "the floor", is the best a whole sweep could reach with no start-up, no tracking
+and no contention between its two trial processes.
+
 Same arithmetic on both sides: the shards, each seed's initial parameters, the clients each round samples and
 each sampled client's minibatches are exported once from fedsweep (``export``; not timed) and given to pfl
 (``benchmarks/pfl_run.py`` says how). The final global accuracies are printed side by side per setting and
@@ -185,6 +190,27 @@ def final_accuracies(db: Path) -> dict[tuple[float, int], float]:
             for r in runs if "global_accuracy" in r.data.metrics and "algorithm.local_lr" in r.data.params}
 
 
+def rounds_in_process(rounds: int, workload: str) -> float:
+    """Seconds of one setting's rounds alone (:func:`rounds_seconds` in a child process on the cores of the others, one
+    torch thread): what a grid's 16 trials cannot go below on 2 cores is 16 × this / 2."""
+    _, out = timed([sys.executable, __file__, "--worker-rounds", "--rounds", str(rounds), "--workload", workload], ROOT)
+    return float(json.loads(out.strip().splitlines()[-1])["s"])
+
+
+def rounds_seconds(rounds: int, workload: str) -> float:
+    """One setting's rounds in this process: ``run_local`` of the grid's experiment at ``SINGLE``, timed the second time
+    (the first builds the dataset and warms the kernels)."""
+    from fedsweep.engine import run_local
+    from fedsweep.layout import auto_layout
+    from fedsweep.loading import validate
+
+    cfg = validate(auto_layout(experiment(rounds, SINGLE[0], SINGLE[1], "default", Path("unused.db"), workload), 1))
+    run_local(cfg)
+    t0 = time.perf_counter()
+    run_local(cfg)
+    return time.perf_counter() - t0
+
+
 def run_fedsweep(args, what: str, layout: str) -> tuple[float, dict]:
     folder = Path(tempfile.mkdtemp(prefix=f"fedsweep-peer-{what}-{layout}-"))
     db = folder / "mlflow.db"
@@ -213,8 +239,13 @@ def main() -> int:
     ap.add_argument("--pfl-threads", type=int, default=0, help="torch threads of a single pfl run (0 = torch's default)")
     ap.add_argument("--tolerance", type=float, default=0.0)
     ap.add_argument("--flower-python", help="also time Flower (flower_peer.py) in this interpreter's environment")
+    ap.add_argument("--worker-rounds", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     os.environ.setdefault("FEDSWEEP_DATA_DIR", str(ROOT.parent / "shared" / "data"))  # MNIST, for every process below
+    if args.worker_rounds:  # rounds_in_process's child: one torch thread, as each trial process of the grid
+        __import__("torch").set_num_threads(1)
+        print(json.dumps({"s": rounds_seconds(args.rounds, args.workload)}))
+        return 0
 
     folder = Path(tempfile.mkdtemp(prefix="fedsweep-pfl-export-"))
     export(folder, args.rounds, args.workload)
@@ -229,6 +260,7 @@ def main() -> int:
         walls: dict[str, list[float]] = {"pfl": [], **{f"fedsweep/{lay}": [] for lay in args.layouts},
                                          **({"flower": []} if args.flower_python else {})}
         accuracies: dict[str, dict] = {}
+        floors: list[float] = []  # a grid's rounds alone: 16 settings × one setting's rounds in process / 2 cores
         for rep in range(args.repeats):
             wall, res = run_pfl(args, folder, settings, args.pfl_threads if what == "single" else 1)
             walls["pfl"].append(wall)
@@ -241,6 +273,11 @@ def main() -> int:
                 walls[f"fedsweep/{lay}"].append(wall)
                 accuracies[f"fedsweep/{lay}"] = acc
                 print(f"  {what} rep {rep + 1}: fedsweep/{lay} {wall:.2f} s", flush=True)
+            if what == "grid":
+                one = rounds_in_process(args.rounds, args.workload)
+                floors.append(len(settings) * one / 2)
+                print(f"  {what} rep {rep + 1}: fedsweep's rounds of one setting in process {one:.2f} s (not timed "
+                      f"above): the grid's rounds alone on 2 cores {floors[-1]:.2f} s", flush=True)
             if args.flower_python:
                 wall, res = run_flower(args, settings)
                 walls["flower"].append(wall)
@@ -256,6 +293,10 @@ def main() -> int:
                 for peer in ("pfl", "flower")[: 2 if args.flower_python else 1]:
                     rs = [f / p for f, p in zip(ws, walls[peer])]
                     print(f"    {name} / {peer:8s} {statistics.median(rs):6.3f} {[round(r, 3) for r in rs]}")
+        if floors:  # the best a whole sweep could do against each peer: its trials' rounds and nothing else
+            for peer in ("pfl", "flower")[: 2 if args.flower_python else 1]:
+                rs = [f / p for f, p in zip(floors, walls[peer])]
+                print(f"    rounds alone / {peer:8s} {statistics.median(rs):6.3f} {[round(r, 3) for r in rs]} (the floor)")
         print("  final global accuracy (%) per setting (local_lr, seed):")
         for s in settings:
             row = {name: accuracies[name].get(s) for name in accuracies}

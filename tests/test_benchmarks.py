@@ -94,3 +94,15 @@ def test_the_stack_width_script_times_every_width_of_both_models():
     for per_client in out.values():
         assert sorted(per_client) == sorted(WIDTHS) and all(s > 0 for s in per_client.values())
         assert per_client[10] < per_client[1]
+
+
+def test_the_peer_floor_times_the_rounds_of_the_grids_own_experiment(tmp_path):
+    """``benchmarks/pfl_peer.py``'s floor (a grid's rounds alone) runs the experiment each of the grid's trials runs:
+    the grid's file at one of its settings, nothing else changed; and it measures a time."""
+    from benchmarks.pfl_peer import LRS, SINGLE, experiment, rounds_seconds
+
+    one = experiment(2, SINGLE[0], SINGLE[1], "default", tmp_path / "a.db", "powerlaw")
+    grid = experiment(2, {"grid": LRS}, 0, "default", tmp_path / "a.db", "powerlaw")
+    assert SINGLE[0] in LRS and one["seed"] == SINGLE[1]
+    assert {**grid, "algorithm": {**grid["algorithm"], "local_lr": SINGLE[0]}, "seed": SINGLE[1]} == one
+    assert rounds_seconds(2, "powerlaw") > 0
