@@ -288,13 +288,14 @@ def main() -> int:
         for name, ws in walls.items():
             print(f"  {name:20s} {statistics.median(ws):7.2f} {[round(w, 2) for w in ws]}")
         print("  ratios (median of paired ratios, fedsweep / peer: < 1 = fedsweep faster):")
+        peers = ("pfl", "flower")[: 2 if args.flower_python else 1]
         for name, ws in walls.items():
             if name.startswith("fedsweep/"):
-                for peer in ("pfl", "flower")[: 2 if args.flower_python else 1]:
+                for peer in peers:
                     rs = [f / p for f, p in zip(ws, walls[peer])]
                     print(f"    {name} / {peer:8s} {statistics.median(rs):6.3f} {[round(r, 3) for r in rs]}")
         if floors:  # the best a whole sweep could do against each peer: its trials' rounds and nothing else
-            for peer in ("pfl", "flower")[: 2 if args.flower_python else 1]:
+            for peer in peers:
                 rs = [f / p for f, p in zip(floors, walls[peer])]
                 print(f"    rounds alone / {peer:8s} {statistics.median(rs):6.3f} {[round(r, 3) for r in rs]} (the floor)")
         print("  final global accuracy (%) per setting (local_lr, seed):")
