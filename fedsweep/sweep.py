@@ -249,13 +249,10 @@ def _import_for_the_report(figures: bool) -> None:
         with contextlib.suppress(Exception):
             import scipy.special  # noqa: F401
 
-            import fedsweep.report  # noqa: F401
+            from fedsweep import report
 
             if figures:
-                import matplotlib
-
-                matplotlib.use("Agg")
-                import matplotlib.pyplot
+                report._pyplot()  # the report's own way to pyplot (its Agg backend)
 
     threading.Thread(target=load, name="report-imports", daemon=True).start()
 
