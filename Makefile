@@ -19,11 +19,11 @@ $(STAMP): pyproject.toml constraints.txt
 
 setup: $(STAMP)
 
-# PyTorch's AVX2 kernels unless ATEN_CPU_CAPABILITY is set: the README's table on the AMD EPYC CPUs it was checked
-# on, AVX-512 or not (their own kernels round two rows' sums otherwise; an Intel CPU's MKL does so whatever this
-# says: README, "The two commands")
+# PyTorch's AVX2 kernels and MKL's branch for every x86-64 CPU (COMPATIBLE), unless ATEN_CPU_CAPABILITY / MKL_CBWR
+# are set: each CPU's own kernels round two rows' sums otherwise, MKL's by the CPU's maker and model (README, "The two
+# commands")
 demo: $(STAMP)
-	ATEN_CPU_CAPABILITY=$${ATEN_CPU_CAPABILITY:-avx2} $(BIN)/fedsweep sweep sweeps/default.yaml
+	ATEN_CPU_CAPABILITY=$${ATEN_CPU_CAPABILITY:-avx2} MKL_CBWR=$${MKL_CBWR:-COMPATIBLE} $(BIN)/fedsweep sweep sweeps/default.yaml
 
 # Debian packages the tests start for real: chromium + chromium-driver (the MLflow UI test, headless)
 # and the PostgreSQL server (the MLflow store test). Installed here when missing and this runs as
