@@ -31,7 +31,7 @@ from fedsweep.bench import (
 )
 from fedsweep.config import ConfigError, Sweep, resolve_tracking_uri
 from fedsweep.table import load_runs, read_runs, save_runs, to_markdown
-from fedsweep.tracking import PARENT_TAG, TAG_PREFIX, client, ensure_experiment
+from fedsweep.tracking import PARENT_TAG, TAG_PREFIX, client, ensure_experiment, pyplot
 
 
 def _run(sweep: Sweep, resume: bool, parent: str, verbose: int) -> dict[str, Any]:
@@ -348,9 +348,9 @@ def _absent_note(bench: Bench, methods: dict[str, dict[str, Any]], rows: set[str
 def ranking_figure(table: pd.DataFrame, metric: str, title: str) -> bytes:
     """The methods ranked by their test metric: each a point with its 95% CI whisker, on an axis fitted to the
     points (bars would have to start at 0 and hide differences of a point or two)."""
-    from fedsweep.report import _png, _pyplot
+    from fedsweep.report import _png
 
-    plt = _pyplot()
+    plt = pyplot()
     rows = table.iloc[::-1]
     fig, ax = plt.subplots(figsize=(7, 1.2 + 0.28 * len(rows)))
     ax.errorbar(100 * rows[f"{metric} mean"], rows["algorithm"], xerr=100 * rows[f"{metric} ci95"].fillna(0), fmt="o",
@@ -364,9 +364,9 @@ def ranking_figure(table: pd.DataFrame, metric: str, title: str) -> bytes:
 
 def transmissions_figure(runs: pd.DataFrame, metric: str, title: str) -> bytes:
     """Each method's final test metric against the floats it moved (means over the final seeds)."""
-    from fedsweep.report import _png, _pyplot
+    from fedsweep.report import _png
 
-    plt = _pyplot()
+    plt = pyplot()
     means = runs.groupby("algorithm")[[metric, "transmissions"]].mean()
     fig, ax = plt.subplots(figsize=(7, 5))
     ax.scatter(means["transmissions"], 100 * means[metric])
@@ -384,9 +384,9 @@ def heatmap_figure(merged: pd.DataFrame, metric: str, mode: str = "max") -> byte
     """Methods × datasets: each cell coloured by the method's rank within its dataset (1 = best by ``mode``) and
     labelled with its test metric's mean (%). Accuracies differ by dataset far more than by method, so a colour
     scale of the values would show the datasets and hide the methods."""
-    from fedsweep.report import _png, _pyplot
+    from fedsweep.report import _png
 
-    plt = _pyplot()
+    plt = pyplot()
     means = merged.set_index("algorithm")[[c for c in merged.columns if c.endswith(" mean")]].astype(float)
     ranks = means.rank(ascending=(mode == "min"), method="min")
     fig, ax = plt.subplots(figsize=(2.5 + 1.4 * means.shape[1], 1.2 + 0.3 * len(means)))

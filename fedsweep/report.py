@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from fedsweep.table import best_settings, ci95, load_runs, to_markdown
-from fedsweep.tracking import SYMBOLS, client, in_vocabulary
+from fedsweep.tracking import SYMBOLS, client, in_vocabulary, pyplot
 
 #: The per-round curves of the comparison figure: (metric, line style, what the style means).
 CURVES = (("personalized_accuracy_mean", "-", "solid: personalized (mean over clients)"),
@@ -47,21 +47,10 @@ def _label(param: str) -> str:
 
 
 def _png(fig) -> bytes:
-    import matplotlib.pyplot as plt
-
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, metadata={"Software": None})
-    plt.close(fig)
+    pyplot().close(fig)
     return buf.getvalue()
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def _best_runs(runs: pd.DataFrame, table: pd.DataFrame) -> dict[str, pd.DataFrame]:
@@ -72,7 +61,7 @@ def _best_runs(runs: pd.DataFrame, table: pd.DataFrame) -> dict[str, pd.DataFram
 def comparison_figure(c, best: dict[str, pd.DataFrame], metric_title: str, target: float | None = None) -> bytes:
     """Mean over seeds ± 95% CI, per evaluation round, of each best setting: one colour per algorithm,
     solid its personalized accuracy, dashed its global model's."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.2 + 0.22 * len(best)))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, (algorithm, chosen) in enumerate(best.items()):
@@ -122,7 +111,7 @@ def sensitivity_figure(algorithm: str, group: pd.DataFrame, metric: str) -> byte
     varied = _varied(group)
     if not varied:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     means = group.groupby(varied, dropna=False)[metric].mean().reset_index()
     if len(varied) == 2:
         x, y = varied
@@ -193,7 +182,7 @@ def clients_figure(c, best: dict[str, pd.DataFrame]) -> bytes | None:
     data = {k: v for k, v in data.items() if len(v)}
     if not data:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(data) + 2), 4.5))
     positions = range(1, len(data) + 1)
     ax.violinplot(list(data.values()), positions=positions, showextrema=False)

@@ -29,6 +29,7 @@ from fedsweep.tracking import (
     RunLogger,
     client,
     ensure_experiment,
+    pyplot,
     trial_title,
     warm_up,
 )
@@ -249,10 +250,10 @@ def _import_for_the_report(figures: bool) -> None:
         with contextlib.suppress(Exception):
             import scipy.special  # noqa: F401
 
-            from fedsweep import report
+            from fedsweep import report  # noqa: F401
 
             if figures:
-                report._pyplot()  # the report's own way to pyplot (its Agg backend)
+                pyplot()
 
     threading.Thread(target=load, name="report-imports", daemon=True).start()
 

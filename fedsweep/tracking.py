@@ -373,9 +373,7 @@ class RunLogger:
             if self.history and self.record.log_plot:
                 fig = accuracy_plot(self.history, self.record.title)
                 self.client.log_figure(self.run_id, fig, "plots/accuracy_vs_round.png")
-                import matplotlib.pyplot as plt
-
-                plt.close(fig)
+                pyplot().close(fig)
         finally:
             set_shared_tag(self.client, self.run_id, f"{TAG_PREFIX}outcome", outcome or status.lower())
             self.client.set_terminated(self.run_id, status)
@@ -386,12 +384,18 @@ PLOTTED = ("personalized_accuracy_worst", "personalized_accuracy_best", "persona
            "personalized_accuracy_p10", "global_accuracy")
 
 
-def accuracy_plot(history: list[dict[str, float]], title: str):
+def pyplot():
+    """matplotlib's pyplot on its Agg backend, which draws to files only: trials, workers and CI have no display."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def accuracy_plot(history: list[dict[str, float]], title: str):
+    plt = pyplot()
     rounds = [h["round"] for h in history]
     fig, ax = plt.subplots(figsize=(6, 4))
     if all("personalized_accuracy_worst" in h and "personalized_accuracy_best" in h for h in history):

@@ -169,7 +169,7 @@ def serve(lines: IO[str], answers: IO[str]) -> None:
     has gone) is dropped; the input's end then ends a run not finished as KILLED."""
     import mlflow  # noqa: F401 - the reason this process exists: imported while the command imports torch
 
-    from fedsweep.tracking import RunLogger, RunRecord, ensure_experiment
+    from fedsweep.tracking import RunLogger, RunRecord, ensure_experiment, pyplot
 
     gone = False
 
@@ -192,7 +192,7 @@ def serve(lines: IO[str], answers: IO[str]) -> None:
                     record = RunRecord(**msg["record"])
                     logger = RunLogger(msg["uri"], ensure_experiment(msg["uri"], msg["experiment"]), record, msg["run_name"])
                     if record.log_plot:  # while the rounds run: the plot at the end then only draws
-                        threading.Thread(target=_import_pyplot, daemon=True).start()
+                        threading.Thread(target=pyplot, daemon=True).start()
                     answer(run_id=logger.run_id)
                 elif logger is None:  # no run (its start failed, or it was finished)
                     if op in WAITED:
@@ -216,13 +216,6 @@ def serve(lines: IO[str], answers: IO[str]) -> None:
     finally:
         if logger is not None:  # the command ended without finishing the run
             logger.finish(None, "KILLED")
-
-
-def _import_pyplot() -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot
 
 
 def main() -> None:
