@@ -36,10 +36,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks._harness import ROOT, median, repeat
 
 SWEEP = ROOT / "sweeps" / "default.yaml"
-#: The machines whose every CPU prints the README's table: PyTorch's AVX2 kernels are one code on every x86-64 CPU,
-#: and MKL's COMPATIBLE branch gives the same results on Intel and non-Intel ones (its own AUTO branch picks kernels by
-#: the CPU's maker and model: README, "The two commands"). Elsewhere a difference is printed, not counted as a
-#: failure; the repetitions are still compared with each other.
+#: The machines whose every CPU should print the README's table: PyTorch's AVX2 kernels are one code on every x86-64
+#: CPU, and MKL's COMPATIBLE branch (SSE2 without the approximate reciprocals) is the one it does not tie to Intel CPUs
+#: (its AUTO branch picks kernels by the CPU's maker and model: README, "The two commands"; checked on an Intel Xeon,
+#: not yet on an AMD CPU). Elsewhere a difference is printed, not counted as a failure; the repetitions are still
+#: compared with each other.
 README_MACHINE = "(x86_64)"
 
 
