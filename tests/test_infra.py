@@ -77,27 +77,6 @@ def test_make_demo_fixes_the_kernels_its_table_is_printed_with_and_the_benchmark
     assert [row.split(" | ")[0] for row in readme_table()] == ["| ditto", "| fedavg", "| perfedavg", "| pfedme", "| pfldyn"]
 
 
-
-def test_the_synthetic_benchmark_cell_runs_with_make_demos_kernels_and_says_so_everywhere_it_is_run():
-    """The embedded benchmark cell's published runs were computed with ``make demo``'s kernels, so that they repeat
-    on any x86-64 CPU (docs/benchmark.md, its section): every final run's platform names them, and each place that
-    gives the cell's command sets them."""
-    import csv
-
-    from benchmarks.demo import make_demo_settings
-
-    settings = make_demo_settings()
-    prefix = " ".join(f"{var}={value}" for var, value in settings.items())
-    cell = ROOT / "docs" / "results" / "benchmark" / "bench-synthetic"
-    for budget in (16, 4):
-        with open(cell / f"final_runs_b{budget}.csv", newline="") as f:
-            platforms = {row["platform"] for row in csv.DictReader(f)}
-        assert platforms and all(f"({settings['ATEN_CPU_CAPABILITY'].upper()})" in p
-                                 and f"MKL_CBWR={settings['MKL_CBWR']}" in p for p in platforms), platforms
-    command = f"{prefix} fedsweep bench sweeps/benchmark/synthetic.yaml --resume"
-    for doc in ("README.md", "docs/benchmark.md", "sweeps/benchmark/synthetic.yaml"):
-        assert command in (ROOT / doc).read_text(), doc
-
 def test_cluster_grid_is_the_file_the_readme_submits():
     sweep = load_sweep(ROOT / "sweeps" / "cifar_grid.yaml")
     assert sweep.trials[0].config.resources.ray_address == "auto"

@@ -116,3 +116,22 @@ def test_the_summary_is_the_merge_of_the_cells_it_names(tmp_path):
     for column in published.columns[1:]:
         assert merged[column].tolist() == pytest.approx(published[column].tolist(), rel=1e-12, nan_ok=True), column
     assert (tmp_path / "summary.md").read_text() == (RESULTS / "summary.md").read_text()
+
+
+def test_the_synthetic_cell_ran_with_make_demos_kernels_and_every_command_for_it_sets_them():
+    """The embedded cell's published runs were computed with ``make demo``'s kernels, so that they repeat on any
+    x86-64 CPU (docs/benchmark.md, its section): every final run's platform names them, and each place that gives
+    the cell's command sets them."""
+    from benchmarks.demo import make_demo_settings
+
+    settings = make_demo_settings()
+    wanted = (f"({settings['ATEN_CPU_CAPABILITY'].upper()})", f"MKL_CBWR={settings['MKL_CBWR']}")
+    paths = sorted((RESULTS / "bench-synthetic").glob("final_runs_b*.csv"))
+    assert paths
+    for path in paths:
+        platforms = set(read_runs(str(path))[0]["platform"])
+        assert platforms and all(w in p for p in platforms for w in wanted), (path.name, platforms)
+    prefix = " ".join(f"{var}={value}" for var, value in settings.items())
+    command = f"{prefix} fedsweep bench sweeps/benchmark/synthetic.yaml --resume"
+    for doc in ("README.md", "docs/benchmark.md", "sweeps/benchmark/synthetic.yaml"):
+        assert command in (ROOT / doc).read_text(), doc
