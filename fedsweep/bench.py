@@ -31,6 +31,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import re
+import sys
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
@@ -45,7 +48,7 @@ from fedsweep.config import KEY_OMITS_AT_DEFAULT, ConfigError, Seed, Sweep, Tria
 from fedsweep.loading import _alias_of, _format_errors, _short, _where, flatten_grids, read_yaml, sweep_from
 from fedsweep.schema import StrictModel
 from fedsweep.search import distributions
-from fedsweep.tracking import STOPPED_EARLY
+from fedsweep.tracking import KERNEL_VARS, STOPPED_EARLY, names_kernels
 
 STATE = "bench_state.json"
 #: The metrics of a benchmark table: the ranked one first, then fairness (10th percentile, worst client), the
@@ -60,6 +63,9 @@ class BenchSettings(StrictModel):
     common: dict[str, Any] = Field(default_factory=dict, description="Algorithm fields every method gets (r, τ, batch size): never tuned.")
     final_seeds: list[Seed] = Field(..., min_length=2, description="Fresh seeds each chosen setting runs on; none of sweep.seeds.")
     budgets: list[int] = Field(default_factory=list, description="Smaller budgets (< sweep.num_samples), each its own table.")
+    kernels: dict[str, str] = Field(default_factory=dict, description=(
+        "The CPU kernels the cell's runs are computed with (ATEN_CPU_CAPABILITY and MKL's / oneDNN's variables): "
+        "`fedsweep bench` starts its Ray workers with them, and records no run computed without them."))
 
 
 @dataclass
@@ -192,6 +198,13 @@ def load_bench(path: str | Path, check_cluster: bool = True, only: list[str] | N
         if overlap := sorted(set(settings.final_seeds) & set(sweep_section.get("seeds") or [])):
             problems.append(f"{_where(file, lines, ('bench', 'final_seeds'))}: bench.final_seeds: {overlap} also tune "
                             "(sweep.seeds); allowed: fresh seeds, none of sweep.seeds")
+        for var, value in settings.kernels.items():
+            if var not in KERNEL_VARS:
+                problems.append(f"{_where(file, lines, ('bench', 'kernels', var))}: bench.kernels.{var}: not a variable that "
+                                f"chooses CPU kernels; allowed: {', '.join(KERNEL_VARS)}")
+            elif not re.fullmatch(r"[A-Za-z0-9_,]+", value):
+                problems.append(f"{_where(file, lines, ('bench', 'kernels', var))}: bench.kernels.{var}: {_short(value)}; "
+                                "allowed: a value as the variable takes it (letters, digits, '_' and ','), e.g. avx2, COMPATIBLE")
         methods = _methods(Path(file).parent / settings.methods, settings.common, problems)
         in_file = list(methods)
         if only:
@@ -261,6 +274,55 @@ def _methods(path: Path, common: dict[str, Any], problems: list[str]) -> dict[st
                             "gets; allowed: leave them to bench.common")
         out[str(key)] = {**space, **common}
     return out
+
+
+def use_kernels(benches: list[Bench]) -> dict[str, str]:
+    """The CPU kernels this command's runs are computed with (``bench.kernels``), put in this process's environment
+    before it starts Ray, whose local workers inherit it; returned. Refused, naming the field: files that declare
+    other kernels in one command, a variable already set to another value, and workers this process does not
+    start (a joined cluster, or Ray already running in it) while the variables are not set here: those keep the
+    environment they started with (a job submitted with them in its runtime environment has them here too)."""
+    kernels = benches[0].settings.kernels
+    problems = [f"{b.path}: bench.kernels: {b.settings.kernels or 'none'}, {benches[0].path}'s {kernels or 'none'}; "
+                "allowed: files with the same kernels in one command (others in a command of their own)"
+                for b in benches[1:] if b.settings.kernels != kernels]
+    problems += [f"{benches[0].path}: bench.kernels.{var}: {value}, but ${var} is {os.environ[var]} in this environment; "
+                 f"allowed: {var}={value}, or unset (this command sets it)"
+                 for var, value in kernels.items() if os.environ.get(var, value) != value]
+    unset = {var: value for var, value in kernels.items() if var not in os.environ}
+    address = next(iter(benches[0].tunes.values())).trials[0].config.resources.address()
+    if unset and not problems and (address or _ray_running()):
+        workers = f"a joined cluster's ({address})" if address else "the Ray instance already running in this process"
+        problems.append(f"{benches[0].path}: bench.kernels: {workers} workers keep the environment they started with, "
+                        f"and {', '.join(unset)} is not set here; allowed: start them with "
+                        f"{' '.join(f'{k}={v}' for k, v in kernels.items())} and set it here too (or in the job's runtime "
+                        "environment), or run the cell on a Ray instance of its own")
+    if problems:
+        raise ConfigError(problems)
+    os.environ.update(unset)
+    return kernels
+
+
+def _ray_running() -> bool:
+    return "ray" in sys.modules and sys.modules["ray"].is_initialized()
+
+
+def with_kernels(bench: Bench, runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs among ``runs`` computed with the file's ``bench.kernels`` (their platform names them,
+    :func:`fedsweep.tracking.run_platform`): a cell's runs. The others are said and left out, so that the phase
+    owes them (it runs again)."""
+    kernels = bench.settings.kernels
+    if not kernels or runs.empty:
+        return runs
+    platforms = runs["platform"].fillna("")
+    ok = platforms.map(lambda platform: names_kernels(platform, kernels)).astype(bool)
+    if not ok.all():
+        print(f"[bench {bench.name}] {int((~ok).sum())} run(s) computed without bench.kernels "
+              f"({' '.join(f'{k}={v}' for k, v in kernels.items())}), on "
+              f"{'; '.join(sorted(p or 'no platform recorded' for p in set(platforms[~ok])))}: "
+              "not the cell's, so owed again (a joined cluster's workers keep the environment their nodes started with)",
+              file=sys.stderr)
+    return runs[ok]
 
 
 # --------------------------------------------------------------------------- selection

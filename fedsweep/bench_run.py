@@ -27,6 +27,7 @@ from fedsweep.bench import (
     load_bench,
     missing_runs,
     read_state,
+    with_kernels,
     write_state,
 )
 from fedsweep.config import ConfigError, Sweep, resolve_tracking_uri
@@ -55,13 +56,13 @@ def _phase(bench: Bench, sweep: Sweep, resume: bool, parent: str, verbose: int, 
     experiment that Tune had finished runs nothing, even where MLflow lacks runs (deleted, or taken for missing by
     :func:`_choose_again`): then the phase runs again from the start, once."""
     out = _run(sweep, resume, parent, verbose)
-    runs, _ = load_runs(uri, experiment, out["parent_run_id"], target)
+    runs = with_kernels(bench, load_runs(uri, experiment, out["parent_run_id"], target)[0])
     missing = missing_runs(runs, settings, seeds)
     if out["restored"] and not out["interrupted"] and missing > out["errors"]:
         print(f"[bench {bench.name}] {sweep.settings.name}: Tune's saved sweep had ended with {missing} run(s) missing in "
               "MLflow; it runs again from the start", file=sys.stderr)
         out = _run(sweep, False, parent, verbose)
-        runs, _ = load_runs(uri, experiment, out["parent_run_id"], target)
+        runs = with_kernels(bench, load_runs(uri, experiment, out["parent_run_id"], target)[0])
         missing = missing_runs(runs, settings, seeds)
     return out, runs, missing
 
@@ -100,8 +101,8 @@ def _phase_runs(bench: Bench, uri: str, experiment: str, run_id: str, folder: Pa
         print(f"[bench {bench.name}] sweep {run_id}: not in the MLflow store at {uri}; its runs read from "
               f"{', '.join(map(str, sources))}", file=sys.stderr)
         runs = pd.concat([read_runs(str(path))[0] for path in sources], ignore_index=True)
-        return runs.drop_duplicates("run_id", ignore_index=True)  # a run chosen at two budgets is in both tables
-    return load_runs(uri, experiment, run_id, target)[0]
+        return with_kernels(bench, runs.drop_duplicates("run_id", ignore_index=True))  # a run chosen at two budgets is in both tables
+    return with_kernels(bench, load_runs(uri, experiment, run_id, target)[0])
 
 
 class Interrupted(Exception):

@@ -28,7 +28,8 @@ def cmd_validate(args) -> int:
             if "bench" in read_yaml(file)[0]:  # a benchmark file: checked as `fedsweep bench` checks it
                 bench = load_bench(file)
                 print(f"{file}: OK — a benchmark of {len(bench.tunes)} method(s), {bench.budgets[0]} setting(s) each on "
-                      f"seeds {bench.sweep_section['seeds']}, the chosen one(s) on seeds {bench.settings.final_seeds}")
+                      f"seeds {bench.sweep_section['seeds']}, the chosen one(s) on seeds {bench.settings.final_seeds}"
+                      + "".join(f", {k}={v}" for k, v in bench.settings.kernels.items()))
                 continue
             sweep = load_sweep(file)
         except ConfigError as e:
@@ -153,12 +154,14 @@ def cmd_bench(args) -> int:
     the methods × datasets table and heatmap in the output folder."""
     from pathlib import Path
 
-    from fedsweep.bench import load_bench
+    from fedsweep.bench import load_bench, use_kernels
     from fedsweep.bench_run import Interrupted, heatmap_figure, run_bench
     from fedsweep.table import merged_markdown, merged_table
 
     only = [m for m in (args.methods or "").split(",") if m] or None
     benches = [load_bench(f, only=only) for f in args.files]  # every file checked before any of them runs
+    if kernels := use_kernels(benches):
+        print(f"CPU kernels (bench.kernels): {' '.join(f'{k}={v}' for k, v in kernels.items())}", flush=True)
     failed, tables = 0, []
     for bench in benches:
         print(f"{bench.path}: {len(bench.tunes)} method(s), each {bench.budgets[0]} setting(s) on seeds "

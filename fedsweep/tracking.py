@@ -11,6 +11,7 @@ import functools
 import json
 import math
 import os
+import re
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -51,6 +52,17 @@ CODE_TAG = f"{TAG_PREFIX}code"
 #: points, and MKL_ENABLE_INSTRUCTIONS=AVX2 as MKL_CBWR=AVX2 did: docs/reproduction.md; DNNL_MAX_CPU_ISA is oneDNN's
 #: older name for ONEDNN_MAX_CPU_ISA).
 LIBRARY_DISPATCH = ("MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
+#: Every variable that chooses a run's CPU kernels: PyTorch's own (``ATEN_CPU_CAPABILITY``) and MKL's and oneDNN's.
+KERNEL_VARS = ("ATEN_CPU_CAPABILITY", *LIBRARY_DISPATCH)
+
+
+def names_kernels(platform: str, kernels: dict[str, str]) -> bool:
+    """Whether a run's platform (:func:`run_platform`) says it ran with ``kernels`` (variable -> value, of
+    :data:`KERNEL_VARS`): PyTorch's as the capability its kernels dispatched to, the others as they were set."""
+    told = "|".join(LIBRARY_DISPATCH)
+    return all(f"({value.upper()})" in platform if var == "ATEN_CPU_CAPABILITY"
+               else re.search(rf", {var}={re.escape(value)}(?=, (?:{told})=|$)", platform) is not None
+               for var, value in kernels.items())
 
 
 @functools.cache
