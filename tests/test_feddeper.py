@@ -3,20 +3,19 @@ one round in closed form on quadratics, its client state through a checkpoint, a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import pytest
 import torch
 
 from fedsweep.algorithms import build_algorithm
-from fedsweep.algorithms.base import ClientMessage, grad
+from fedsweep.algorithms.base import ClientMessage
 from fedsweep.algorithms.feddeper import RECONSTRUCTED, FedDeperParams
 from fedsweep.cli import main
 from fedsweep.engine import local_federation, run_local
 from fedsweep.federation import compute_threads
 from fedsweep.loading import validate
 from fedsweep.tracking import TAG_PREFIX, RunLogger, client, ensure_experiment
+from tests.test_layer_aware import Quadratic  # f_i(w) = ½ wᵀA w − bᵀw on every batch
 
 
 def synthetic(algorithm: dict, rounds: int = 3):
@@ -37,24 +36,6 @@ def test_alpha_zero_is_fedavg():
     # y_i stays zero, so the personalized model is the global one
     assert history[-1]["personalized_accuracy_mean"] == pytest.approx(
         run_local(synthetic({"name": "fedavg"}))[0][-1]["personalized_accuracy_mean"])
-
-
-@dataclass
-class Quadratic:
-    """f_i(w) = ½ wᵀA w − bᵀw, the same 'batch' every draw: ∇f_i(w) = A w − b."""
-
-    a: torch.Tensor
-    b: torch.Tensor
-
-    def loss(self, w, batch):
-        a, b = batch
-        return 0.5 * w @ a @ w - b @ w
-
-    def grad(self, w, batch):
-        return grad(self.loss, w, batch)
-
-    def batch(self, batch_size):
-        return self.a, self.b
 
 
 def test_one_round_on_two_quadratic_clients_in_closed_form():
