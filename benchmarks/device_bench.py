@@ -87,18 +87,28 @@ def choice(bench: Bench, key: str, sweep: Sweep, trials: list[tuple[dict, list[d
     return {str(b): s for b, s in chosen_settings(bench, pd.DataFrame(rows), [key])[key].items()}
 
 
+def gpu_cell(file: str, only: list[str] | None = None) -> Bench:
+    """The benchmark file, refused where it declares CPU kernels (``bench.kernels``): its runs are computed on this
+    route's GPU, and `fedsweep bench` would leave out every run whose platform does not name those kernels."""
+    bench = load_bench(file, check_cluster=False, only=only)
+    if bench.settings.kernels:
+        raise SystemExit(f"{file}: bench.kernels: {bench.settings.kernels}: a CPU cell's kernels; allowed: a cell without "
+                         "them on this route (its runs are the GPU's)")
+    return bench
+
+
 def run(args) -> None:
     start = time.time()
     deadline = start + args.time_box
     out = Path(args.out)
     keys = args.methods.split(",")
-    recorded = read_state(Path(args.output) / load_bench(args.file, check_cluster=False, only=keys).name).get("methods", {})
+    recorded = read_state(Path(args.output) / gpu_cell(args.file, only=keys).name).get("methods", {})
     if tuned := [k for k in keys if "chosen" in recorded.get(k, {})]:  # `log` would not record them again
         print(f"[device bench] tuned already in {args.output}: {', '.join(tuned)}; not run", flush=True)
         keys = [k for k in keys if k not in tuned]
         if not keys:
             return
-    bench = load_bench(args.file, check_cluster=False, only=keys)
+    bench = gpu_cell(args.file, only=keys)
     if any(out.glob("*/*/trial_*.jsonl")):  # `log` reads every trial file there: no mixing of two runs
         raise SystemExit(f"{out}: holds trial files of an earlier run; give an empty --out")
     sweeps = {(k, "tune"): phase_sweep(bench, k, "tune") for k in keys}
@@ -147,8 +157,8 @@ def log(args) -> None:
     from fedsweep.table import load_runs
 
     out = Path(args.dir)
-    keys = [k for k in load_bench(args.file, check_cluster=False).in_file if (out / k / "tune").is_dir()]
-    bench = load_bench(args.file, check_cluster=False, only=keys)
+    keys = [k for k in gpu_cell(args.file).in_file if (out / k / "tune").is_dir()]
+    bench = gpu_cell(args.file, only=keys)
     folder, state, uri, experiment = open_state(bench, args.output, resume=True)
     methods, settings = state["methods"], bench.sweep_section
     for key in keys:

@@ -48,9 +48,13 @@ from fedsweep.config import KEY_OMITS_AT_DEFAULT, ConfigError, Seed, Sweep, Tria
 from fedsweep.loading import _alias_of, _format_errors, _short, _where, flatten_grids, read_yaml, sweep_from
 from fedsweep.schema import StrictModel
 from fedsweep.search import distributions
-from fedsweep.tracking import KERNEL_VARS, STOPPED_EARLY, names_kernels
+from fedsweep.tracking import ATEN_CAPABILITIES, KERNEL_VARS, STOPPED_EARLY, kernel_settings, names_kernels
 
 STATE = "bench_state.json"
+#: MKL's code branches (``MKL_CBWR``; Intel's "Conditional Numerical Reproducibility"): COMPATIBLE is the one branch
+#: MKL documents as the same on Intel and AMD CPUs.
+MKL_BRANCHES = ("AUTO", "COMPATIBLE", "SSE2", "SSSE3", "SSE4_1", "SSE4_2", "AVX", "AVX2", "AVX512", "AVX512_E1",
+                "AVX512_MIC", "AVX512_MIC_E1")
 #: The metrics of a benchmark table: the ranked one first, then fairness (10th percentile, worst client), the
 #: global model's, the floats moved (in models), a final run's wall time, and the clients held out of training
 #: (``unseen_fraction``), scored with the method's own personalization.
@@ -65,7 +69,7 @@ class BenchSettings(StrictModel):
     budgets: list[int] = Field(default_factory=list, description="Smaller budgets (< sweep.num_samples), each its own table.")
     kernels: dict[str, str] = Field(default_factory=dict, description=(
         "The CPU kernels the cell's runs are computed with (ATEN_CPU_CAPABILITY and MKL's / oneDNN's variables): "
-        "`fedsweep bench` starts its Ray workers with them, and records no run computed without them."))
+        "`fedsweep bench` starts its Ray workers with them, and a run computed without them is not the cell's."))
 
 
 @dataclass
@@ -199,12 +203,17 @@ def load_bench(path: str | Path, check_cluster: bool = True, only: list[str] | N
             problems.append(f"{_where(file, lines, ('bench', 'final_seeds'))}: bench.final_seeds: {overlap} also tune "
                             "(sweep.seeds); allowed: fresh seeds, none of sweep.seeds")
         for var, value in settings.kernels.items():
+            where = f"{_where(file, lines, ('bench', 'kernels', var))}: bench.kernels.{var}"
             if var not in KERNEL_VARS:
-                problems.append(f"{_where(file, lines, ('bench', 'kernels', var))}: bench.kernels.{var}: not a variable that "
-                                f"chooses CPU kernels; allowed: {', '.join(KERNEL_VARS)}")
-            elif not re.fullmatch(r"[A-Za-z0-9_,]+", value):
-                problems.append(f"{_where(file, lines, ('bench', 'kernels', var))}: bench.kernels.{var}: {_short(value)}; "
-                                "allowed: a value as the variable takes it (letters, digits, '_' and ','), e.g. avx2, COMPATIBLE")
+                problems.append(f"{where}: not a variable that chooses CPU kernels; allowed: {', '.join(KERNEL_VARS)}")
+            elif var == "ATEN_CPU_CAPABILITY" and value not in ATEN_CAPABILITIES:
+                problems.append(f"{where}: {_short(value)}; allowed: {', '.join(ATEN_CAPABILITIES)} (PyTorch ignores any other)")
+            elif var == "MKL_CBWR":
+                if value.removesuffix(",STRICT") not in MKL_BRANCHES:
+                    problems.append(f"{where}: {_short(value)}; allowed: {', '.join(MKL_BRANCHES)}, each optionally followed by ',STRICT'")
+            elif var != "ATEN_CPU_CAPABILITY" and not re.fullmatch(r"[A-Za-z0-9_]+", value):
+                problems.append(f"{where}: {_short(value)}; allowed: a value as the variable takes it (letters, digits and "
+                                "'_'), e.g. AVX2")
         methods = _methods(Path(file).parent / settings.methods, settings.common, problems)
         in_file = list(methods)
         if only:
@@ -278,29 +287,51 @@ def _methods(path: Path, common: dict[str, Any], problems: list[str]) -> dict[st
 
 def use_kernels(benches: list[Bench]) -> dict[str, str]:
     """The CPU kernels this command's runs are computed with (``bench.kernels``), put in this process's environment
-    before it starts Ray, whose local workers inherit it; returned. Refused, naming the field: files that declare
-    other kernels in one command, a variable already set to another value, and workers this process does not
-    start (a joined cluster, or Ray already running in it) while the variables are not set here: those keep the
-    environment they started with (a job submitted with them in its runtime environment has them here too)."""
-    kernels = benches[0].settings.kernels
-    problems = [f"{b.path}: bench.kernels: {b.settings.kernels or 'none'}, {benches[0].path}'s {kernels or 'none'}; "
+    before it starts Ray, whose local workers inherit it; returned. Refused, naming the field, before Ray or MLflow:
+    files that declare other kernels in one command; a variable set here to another value, or one that chooses
+    kernels and that the files leave out (it would change the numbers too); kernels this CPU does not have (PyTorch
+    would fall back to others); and workers this process does not start (a joined cluster, or Ray already running
+    in it) while the variables are not set here: those keep the environment they started with (a job submitted with
+    them in its runtime environment has them here too; a cluster's nodes started without them give runs that
+    :func:`with_kernels` leaves out)."""
+    kernels, first = benches[0].settings.kernels, benches[0].path
+    problems = [f"{b.path}: bench.kernels: {b.settings.kernels or 'none'}, {first}'s {kernels or 'none'}; "
                 "allowed: files with the same kernels in one command (others in a command of their own)"
                 for b in benches[1:] if b.settings.kernels != kernels]
-    problems += [f"{benches[0].path}: bench.kernels.{var}: {value}, but ${var} is {os.environ[var]} in this environment; "
+    if not kernels or problems:
+        if problems:
+            raise ConfigError(problems)
+        return {}
+    problems += [f"{first}: bench.kernels.{var}: {value}, but ${var} is {os.environ[var]} in this environment; "
                  f"allowed: {var}={value}, or unset (this command sets it)"
                  for var, value in kernels.items() if os.environ.get(var, value) != value]
+    problems += [f"{first}: bench.kernels: ${var} is {os.environ[var]} in this environment and the file leaves it out; "
+                 f"allowed: unset it, or declare it (bench.kernels.{var})" for var in KERNEL_VARS
+                 if var not in kernels and os.environ.get(var)]
     unset = {var: value for var, value in kernels.items() if var not in os.environ}
-    address = next(iter(benches[0].tunes.values())).trials[0].config.resources.address()
-    if unset and not problems and (address or _ray_running()):
-        workers = f"a joined cluster's ({address})" if address else "the Ray instance already running in this process"
-        problems.append(f"{benches[0].path}: bench.kernels: {workers} workers keep the environment they started with, "
-                        f"and {', '.join(unset)} is not set here; allowed: start them with "
-                        f"{' '.join(f'{k}={v}' for k, v in kernels.items())} and set it here too (or in the job's runtime "
-                        "environment), or run the cell on a Ray instance of its own")
+    joined = sorted({a for b in benches for s in b.tunes.values() if (a := s.trials[0].config.resources.address())})
+    if unset and (joined or _ray_running()):
+        workers = f"a joined cluster's ({', '.join(joined)})" if joined else "the Ray instance already running in this process"
+        problems.append(f"{first}: bench.kernels: {workers} workers keep the environment they started with, and "
+                        f"{', '.join(unset)} is not set here; allowed: start them with {kernel_settings(kernels)} and set "
+                        "it here too (or in the job's runtime environment), or run the cell on a Ray instance of its own")
+    if not problems and "ATEN_CPU_CAPABILITY" in kernels and (got := _capability({**os.environ, **unset})) != kernels["ATEN_CPU_CAPABILITY"]:
+        problems.append(f"{first}: bench.kernels.ATEN_CPU_CAPABILITY: {kernels['ATEN_CPU_CAPABILITY']}, but this CPU runs "
+                        f"{got} with it (PyTorch falls back to the kernels the CPU has); allowed: a capability of this CPU, "
+                        "or another machine")
     if problems:
         raise ConfigError(problems)
     os.environ.update(unset)
     return kernels
+
+
+def _capability(env: dict[str, str]) -> str:
+    """The kernels PyTorch dispatches to in a process of environment ``env`` (a child: this one may have chosen)."""
+    import subprocess
+
+    code = "import torch; print(torch.backends.cpu.get_cpu_capability().lower())"
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                          check=True).stdout.strip()
 
 
 def _ray_running() -> bool:
@@ -318,7 +349,7 @@ def with_kernels(bench: Bench, runs: pd.DataFrame) -> pd.DataFrame:
     ok = platforms.map(lambda platform: names_kernels(platform, kernels)).astype(bool)
     if not ok.all():
         print(f"[bench {bench.name}] {int((~ok).sum())} run(s) computed without bench.kernels "
-              f"({' '.join(f'{k}={v}' for k, v in kernels.items())}), on "
+              f"({kernel_settings(kernels)}), on "
               f"{'; '.join(sorted(p or 'no platform recorded' for p in set(platforms[~ok])))}: "
               "not the cell's, so owed again (a joined cluster's workers keep the environment their nodes started with)",
               file=sys.stderr)

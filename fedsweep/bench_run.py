@@ -32,7 +32,7 @@ from fedsweep.bench import (
 )
 from fedsweep.config import ConfigError, Sweep, resolve_tracking_uri
 from fedsweep.table import load_runs, read_runs, save_runs, to_markdown
-from fedsweep.tracking import PARENT_TAG, TAG_PREFIX, client, ensure_experiment, pyplot
+from fedsweep.tracking import PARENT_TAG, TAG_PREFIX, client, ensure_experiment, kernel_settings, pyplot
 
 
 def _run(sweep: Sweep, resume: bool, parent: str, verbose: int) -> dict[str, Any]:
@@ -56,14 +56,21 @@ def _phase(bench: Bench, sweep: Sweep, resume: bool, parent: str, verbose: int, 
     experiment that Tune had finished runs nothing, even where MLflow lacks runs (deleted, or taken for missing by
     :func:`_choose_again`): then the phase runs again from the start, once."""
     out = _run(sweep, resume, parent, verbose)
-    runs = with_kernels(bench, load_runs(uri, experiment, out["parent_run_id"], target)[0])
+    computed = load_runs(uri, experiment, out["parent_run_id"], target)[0]
+    runs = with_kernels(bench, computed)
     missing = missing_runs(runs, settings, seeds)
-    if out["restored"] and not out["interrupted"] and missing > out["errors"]:
+    if out["restored"] and not out["interrupted"] and missing > out["errors"]:  # a run left out by with_kernels too
         print(f"[bench {bench.name}] {sweep.settings.name}: Tune's saved sweep had ended with {missing} run(s) missing in "
               "MLflow; it runs again from the start", file=sys.stderr)
         out = _run(sweep, False, parent, verbose)
-        runs = with_kernels(bench, load_runs(uri, experiment, out["parent_run_id"], target)[0])
+        computed = load_runs(uri, experiment, out["parent_run_id"], target)[0]
+        runs = with_kernels(bench, computed)
         missing = missing_runs(runs, settings, seeds)
+    if len(computed) > len(runs):
+        raise ConfigError([(f"{bench.path}: bench.kernels: {len(computed) - len(runs)} run(s) of {sweep.settings.name} were "
+                           f"computed without {kernel_settings(bench.settings.kernels)} (their platforms above): the workers "
+                           "kept another environment (a joined cluster's nodes keep the one they started with); nothing of "
+                           "this phase is recorded; allowed: workers started with them")])
     return out, runs, missing
 
 

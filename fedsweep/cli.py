@@ -157,11 +157,12 @@ def cmd_bench(args) -> int:
     from fedsweep.bench import load_bench, use_kernels
     from fedsweep.bench_run import Interrupted, heatmap_figure, run_bench
     from fedsweep.table import merged_markdown, merged_table
+    from fedsweep.tracking import kernel_settings
 
     only = [m for m in (args.methods or "").split(",") if m] or None
     benches = [load_bench(f, only=only) for f in args.files]  # every file checked before any of them runs
     if kernels := use_kernels(benches):
-        print(f"CPU kernels (bench.kernels): {' '.join(f'{k}={v}' for k, v in kernels.items())}", flush=True)
+        print(f"CPU kernels (bench.kernels): {kernel_settings(kernels)}", flush=True)
     failed, tables = 0, []
     for bench in benches:
         print(f"{bench.path}: {len(bench.tunes)} method(s), each {bench.budgets[0]} setting(s) on seeds "

@@ -52,17 +52,24 @@ CODE_TAG = f"{TAG_PREFIX}code"
 #: points, and MKL_ENABLE_INSTRUCTIONS=AVX2 as MKL_CBWR=AVX2 did: docs/reproduction.md; DNNL_MAX_CPU_ISA is oneDNN's
 #: older name for ONEDNN_MAX_CPU_ISA).
 LIBRARY_DISPATCH = ("MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
-#: Every variable that chooses a run's CPU kernels: PyTorch's own (``ATEN_CPU_CAPABILITY``) and MKL's and oneDNN's.
+#: Every variable that chooses a run's CPU kernels: PyTorch's own (``ATEN_CPU_CAPABILITY``, whose values PyTorch
+#: takes in lower case only, ignoring any other) and MKL's and oneDNN's.
 KERNEL_VARS = ("ATEN_CPU_CAPABILITY", *LIBRARY_DISPATCH)
+ATEN_CAPABILITIES = ("default", "avx2", "avx512", "zvector", "vsx", "sve256")
 
 
 def names_kernels(platform: str, kernels: dict[str, str]) -> bool:
     """Whether a run's platform (:func:`run_platform`) says it ran with ``kernels`` (variable -> value, of
-    :data:`KERNEL_VARS`): PyTorch's as the capability its kernels dispatched to, the others as they were set."""
-    told = "|".join(LIBRARY_DISPATCH)
-    return all(f"({value.upper()})" in platform if var == "ATEN_CPU_CAPABILITY"
-               else re.search(rf", {var}={re.escape(value)}(?=, (?:{told})=|$)", platform) is not None
-               for var, value in kernels.items())
+    :data:`KERNEL_VARS`) and no other: PyTorch's as the capability its kernels dispatched to, MKL's and oneDNN's as
+    they were set, none of those set that ``kernels`` leaves out (each of them changes the numbers)."""
+    told = dict(re.findall(rf", ({'|'.join(LIBRARY_DISPATCH)})=(.*?)(?=, (?:{'|'.join(LIBRARY_DISPATCH)})=|$)", platform))
+    aten = kernels.get("ATEN_CPU_CAPABILITY")
+    return (aten is None or f"({aten.upper()})" in platform) and told == {k: v for k, v in kernels.items() if k in LIBRARY_DISPATCH}
+
+
+def kernel_settings(kernels: dict[str, str]) -> str:
+    """``kernels`` as a command's prefix: ``ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=COMPATIBLE``."""
+    return " ".join(f"{var}={value}" for var, value in kernels.items())
 
 
 @functools.cache

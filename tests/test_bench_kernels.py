@@ -5,6 +5,7 @@ what would compute without them before anything runs, and records no run whose p
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ from fedsweep.bench import load_bench, use_kernels, with_kernels
 from fedsweep.config import ConfigError
 from fedsweep.table import read_runs
 from fedsweep.tracking import KERNEL_VARS, names_kernels
+from tests.conftest import ROOT
 from tests.test_bench import METHODS, bench_file, problems
 
 FEDSWEEP = str(Path(sys.executable).with_name("fedsweep"))
@@ -34,25 +36,38 @@ def cell(folder: Path, name: str = "cell", kernels: dict | None = None, **sweep)
     return str(path)
 
 
+@pytest.fixture
+def kernel_env(monkeypatch):
+    """None of the kernel variables set, and each restored after the test (absent ones too: ``use_kernels`` sets them)."""
+    for var in (*KERNEL_VARS, "RAY_ADDRESS"):
+        monkeypatch.setenv(var, "-")
+        monkeypatch.delenv(var)
+    return monkeypatch
+
+
 def test_a_platform_names_kernels_exactly():
     told = PLATFORM.format("AVX2") + ", MKL_CBWR=COMPATIBLE,STRICT, ONEDNN_MAX_CPU_ISA=AVX2"
     assert names_kernels(told, {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE,STRICT", "ONEDNN_MAX_CPU_ISA": "AVX2"})
-    assert not names_kernels(told, {"MKL_CBWR": "COMPATIBLE"})  # a prefix of the value set is another value
-    assert not names_kernels(told, {"ATEN_CPU_CAPABILITY": "avx512"})
+    assert names_kernels(told, {"MKL_CBWR": "COMPATIBLE,STRICT", "ONEDNN_MAX_CPU_ISA": "AVX2"})
+    assert not names_kernels(told, {"MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "AVX2"})  # a prefix of the value is another value
+    assert not names_kernels(told, {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE,STRICT"})  # oneDNN's set, not declared
+    assert not names_kernels(told, {"ATEN_CPU_CAPABILITY": "avx512", "MKL_CBWR": "COMPATIBLE,STRICT", "ONEDNN_MAX_CPU_ISA": "AVX2"})
     assert not names_kernels(PLATFORM.format("AVX2"), {"MKL_CBWR": "COMPATIBLE"})  # not set: MKL chose by the CPU
     assert names_kernels(PLATFORM.format("AVX512"), {})
 
 
 def test_kernels_that_choose_nothing_are_refused_naming_the_field(tmp_path):
-    text = problems(cell(tmp_path, kernels={"OMP_NUM_THREADS": "1", "MKL_CBWR": "COMPATIBLE; rm -rf"}))
+    text = problems(cell(tmp_path, kernels={"OMP_NUM_THREADS": "1", "ATEN_CPU_CAPABILITY": "AVX2", "MKL_CBWR": "COMPATIBLE; rm",
+                                            "ONEDNN_MAX_CPU_ISA": "AVX2 "}))
     assert f"bench.kernels.OMP_NUM_THREADS: not a variable that chooses CPU kernels; allowed: {', '.join(KERNEL_VARS)}" in text
-    assert "bench.kernels.MKL_CBWR: 'COMPATIBLE; rm -rf'; allowed: a value as the variable takes it" in text
+    assert "bench.kernels.ATEN_CPU_CAPABILITY: 'AVX2'; allowed: default, avx2, avx512, zvector, vsx, sve256 (PyTorch ignores any other)" in text
+    assert "bench.kernels.MKL_CBWR: 'COMPATIBLE; rm'; allowed: AUTO, COMPATIBLE, SSE2" in text
+    assert "bench.kernels.ONEDNN_MAX_CPU_ISA: 'AVX2 '; allowed: a value as the variable takes it" in text
+    load_bench(cell(tmp_path, kernels={"MKL_CBWR": "AVX2,STRICT", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}), check_cluster=False)
 
 
-def test_the_kernels_go_into_the_environment_unless_it_says_otherwise(tmp_path, monkeypatch):
+def test_the_kernels_go_into_the_environment_unless_it_says_otherwise(tmp_path, kernel_env):
     kernels = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE"}
-    for var in (*KERNEL_VARS, "RAY_ADDRESS"):
-        monkeypatch.delenv(var, raising=False)  # restored after the test, as use_kernels leaves them
     a, plain = load_bench(cell(tmp_path, "a", kernels), check_cluster=False), load_bench(cell(tmp_path, "b"), check_cluster=False)
     assert use_kernels([plain]) == {} and not any(v in os.environ for v in KERNEL_VARS)
 
@@ -64,14 +79,24 @@ def test_the_kernels_go_into_the_environment_unless_it_says_otherwise(tmp_path, 
         return str(e.value)
 
     assert "b.yaml: bench.kernels: none, " in refused([a, plain]) and "allowed: files with the same kernels in one command" in refused([a, plain])
-    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")  # a joined cluster's workers do not inherit this environment
+    kernel_env.setenv("RAY_ADDRESS", "127.0.0.1:6379")  # a joined cluster's workers do not inherit this environment
     assert "bench.kernels: a joined cluster's (127.0.0.1:6379) workers keep the environment they started with" in refused([a])
-    monkeypatch.delenv("RAY_ADDRESS")
-    monkeypatch.setenv("MKL_CBWR", "AUTO")
+    kernel_env.delenv("RAY_ADDRESS")
+    joined = yaml.safe_load(Path(cell(tmp_path, "c", kernels)).read_text())  # a later file's own address counts as well
+    joined["resources"] = {"ray_address": "10.0.0.1:6379"}
+    Path(tmp_path / "c.yaml").write_text(yaml.safe_dump(joined))
+    assert "a joined cluster's (10.0.0.1:6379) workers" in refused([a, load_bench(tmp_path / "c.yaml", check_cluster=False)])
+    kernel_env.setenv("MKL_CBWR", "AUTO")
     assert "bench.kernels.MKL_CBWR: COMPATIBLE, but $MKL_CBWR is AUTO in this environment; allowed: MKL_CBWR=COMPATIBLE, or unset" in refused([a])
-    monkeypatch.setenv("MKL_CBWR", "COMPATIBLE")
+    kernel_env.setenv("MKL_CBWR", "COMPATIBLE")
+    kernel_env.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")  # chooses kernels too, and the file leaves it out
+    assert "bench.kernels: $ONEDNN_MAX_CPU_ISA is AVX2 in this environment and the file leaves it out; allowed: unset it" in refused([a])
+    kernel_env.delenv("ONEDNN_MAX_CPU_ISA")
+    kernel_env.delenv("MKL_CBWR")
+    s390 = load_bench(cell(tmp_path, "d", {"ATEN_CPU_CAPABILITY": "zvector"}), check_cluster=False)  # not this CPU's
+    assert "bench.kernels.ATEN_CPU_CAPABILITY: zvector, but this CPU runs " in refused([s390])
     assert use_kernels([a, a]) == kernels and {v: os.environ[v] for v in kernels} == kernels
-    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
+    kernel_env.setenv("RAY_ADDRESS", "127.0.0.1:6379")
     assert use_kernels([a]) == kernels  # set here (as by a job's runtime environment): the cluster's are the user's to set
 
 
@@ -83,6 +108,30 @@ def test_runs_computed_without_the_kernels_are_not_the_cells(tmp_path, capsys):
     assert f"[bench cell] 2 run(s) computed without bench.kernels (ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=COMPATIBLE), on no platform recorded; {PLATFORM.format('AVX512')}: " \
         in capsys.readouterr().err
     assert with_kernels(load_bench(cell(tmp_path, "plain"), check_cluster=False), runs) is runs
+
+
+def test_a_recorded_phase_computed_without_the_kernels_runs_again(tmp_path, tracking_uri, capsys):
+    """The published Synthetic folder (806 runs, each naming make demo's kernels) resumes with nothing to run under its
+    own file; declare other kernels and every recorded phase is owed again, before anything runs."""
+    from fedsweep.bench_run import open_state
+
+    (tmp_path / "out").mkdir()
+    shutil.copytree(ROOT / "docs/results/benchmark/bench-synthetic", tmp_path / "out" / "bench-synthetic")
+    shutil.copy(ROOT / "sweeps/benchmark/methods.yaml", tmp_path)
+    raw = yaml.safe_load((ROOT / "sweeps/benchmark/synthetic.yaml").read_text())
+    for name, kernels in (("own", raw["bench"]["kernels"]), ("other", {"ATEN_CPU_CAPABILITY": "avx2"})):
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump({**raw, "bench": {**raw["bench"], "kernels": kernels}}))
+        _, state, _, _ = open_state(load_bench(tmp_path / f"{name}.yaml", check_cluster=False), tmp_path / "out", resume=True)
+        done = [k for k, m in state["methods"].items() if {"chosen", "tune_run", "final_run"} <= set(m)]
+        assert len(done) == (38 if name == "own" else 0), name
+    assert "608 run(s) computed without bench.kernels (ATEN_CPU_CAPABILITY=avx2), on torch 2.13.0+cpu (AVX2)" in capsys.readouterr().err
+
+
+@pytest.mark.ray
+def test_ray_already_running_without_the_kernels_is_refused(ray_session, tmp_path, kernel_env):
+    bench = load_bench(cell(tmp_path, kernels={"MKL_CBWR": "COMPATIBLE"}), check_cluster=False)
+    with pytest.raises(ConfigError, match="the Ray instance already running in this process workers keep the environment"):
+        use_kernels([bench])
 
 
 @pytest.mark.ray
