@@ -298,9 +298,9 @@ def use_kernels(benches: list[Bench]) -> dict[str, str]:
     problems = [f"{b.path}: bench.kernels: {b.settings.kernels or 'none'}, {first}'s {kernels or 'none'}; "
                 "allowed: files with the same kernels in one command (others in a command of their own)"
                 for b in benches[1:] if b.settings.kernels != kernels]
-    if not kernels or problems:
-        if problems:
-            raise ConfigError(problems)
+    if problems:
+        raise ConfigError(problems)
+    if not kernels:
         return {}
     problems += [f"{first}: bench.kernels.{var}: {value}, but ${var} is {os.environ[var]} in this environment; "
                  f"allowed: {var}={value}, or unset (this command sets it)"

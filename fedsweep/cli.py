@@ -21,6 +21,7 @@ def cmd_validate(args) -> int:
     from fedsweep.bench import load_bench
     from fedsweep.config import ConfigError
     from fedsweep.loading import load_sweep, read_yaml
+    from fedsweep.tracking import kernel_settings
 
     code = 0
     for file in args.files:
@@ -29,7 +30,7 @@ def cmd_validate(args) -> int:
                 bench = load_bench(file)
                 print(f"{file}: OK — a benchmark of {len(bench.tunes)} method(s), {bench.budgets[0]} setting(s) each on "
                       f"seeds {bench.sweep_section['seeds']}, the chosen one(s) on seeds {bench.settings.final_seeds}"
-                      + "".join(f", {k}={v}" for k, v in bench.settings.kernels.items()))
+                      + (f", kernels {kernel_settings(bench.settings.kernels)}" if bench.settings.kernels else ""))
                 continue
             sweep = load_sweep(file)
         except ConfigError as e:

@@ -56,13 +56,15 @@ LIBRARY_DISPATCH = ("MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA",
 #: takes in lower case only, ignoring any other) and MKL's and oneDNN's.
 KERNEL_VARS = ("ATEN_CPU_CAPABILITY", *LIBRARY_DISPATCH)
 ATEN_CAPABILITIES = ("default", "avx2", "avx512", "zvector", "vsx", "sve256")
+#: A platform's ``, VAR=value`` parts for the variables of :data:`LIBRARY_DISPATCH` (a value may hold commas).
+_TOLD = re.compile(rf", ({'|'.join(LIBRARY_DISPATCH)})=(.*?)(?=, (?:{'|'.join(LIBRARY_DISPATCH)})=|$)")
 
 
 def names_kernels(platform: str, kernels: dict[str, str]) -> bool:
     """Whether a run's platform (:func:`run_platform`) says it ran with ``kernels`` (variable -> value, of
     :data:`KERNEL_VARS`) and no other: PyTorch's as the capability its kernels dispatched to, MKL's and oneDNN's as
     they were set, none of those set that ``kernels`` leaves out (each of them changes the numbers)."""
-    told = dict(re.findall(rf", ({'|'.join(LIBRARY_DISPATCH)})=(.*?)(?=, (?:{'|'.join(LIBRARY_DISPATCH)})=|$)", platform))
+    told = dict(_TOLD.findall(platform))
     aten = kernels.get("ATEN_CPU_CAPABILITY")
     return (aten is None or f"({aten.upper()})" in platform) and told == {k: v for k, v in kernels.items() if k in LIBRARY_DISPATCH}
 
