@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from fedsweep.bench import BENCH_METRICS, bench_table, choose, compact_markdown, load_bench, read_state
 from fedsweep.table import read_runs
@@ -119,19 +120,34 @@ def test_the_summary_is_the_merge_of_the_cells_it_names(tmp_path):
     assert (tmp_path / "summary.md").read_text() == (RESULTS / "summary.md").read_text()
 
 
-def test_the_synthetic_cell_ran_with_make_demos_kernels_which_its_file_declares():
-    """The embedded cell's published runs were computed with ``make demo``'s kernels, so that they repeat on any
-    x86-64 CPU (docs/benchmark.md, its section): its file declares them (``bench.kernels``, which `fedsweep bench`
-    runs with), every run of its folder, tuning and final, names them, and each place that gives the cell's command
-    gives it as it is typed."""
+#: The cell files that declare ``bench.kernels`` (read as YAML: the methods file is no cell)
+DECLARING = [f for f in sorted((ROOT / "sweeps" / "benchmark").glob("*.yaml"))
+             if (yaml.safe_load(f.read_text()).get("bench") or {}).get("kernels")]
+
+
+def test_the_embedded_cell_and_a_real_data_one_declare_make_demos_kernels():
+    """The embedded Synthetic cell and the MNIST Dirichlet MLP cell were run again with ``make demo``'s kernels
+    (2026-12-05) so that they repeat on any x86-64 CPU: their files declare them, and each place that gives the
+    Synthetic cell's command gives it as it is typed (no variables before it)."""
     from benchmarks.demo import make_demo_settings
 
-    assert load_bench(ROOT / "sweeps/benchmark/synthetic.yaml", check_cluster=False).settings.kernels == make_demo_settings()
-    paths = sorted((RESULTS / "bench-synthetic").glob("final_runs_b*.csv")) + sorted((RESULTS / "bench-synthetic" / "runs").glob("*.csv"))
-    assert len(paths) == 4
-    for path in paths:
-        platforms = set(read_runs(str(path))[0]["platform"])
-        assert platforms and all(names_kernels(p, make_demo_settings()) for p in platforms), (path.name, platforms)
+    assert {f.name for f in DECLARING} >= {"synthetic.yaml", "mnist_dirichlet.yaml"}
+    for f in DECLARING:
+        assert load_bench(f, check_cluster=False).settings.kernels == make_demo_settings(), f.name
     for doc in ("README.md", "docs/benchmark.md", "sweeps/benchmark/synthetic.yaml"):
         assert "fedsweep bench sweeps/benchmark/synthetic.yaml --resume" in (ROOT / doc).read_text(), doc
         assert "MKL_CBWR=COMPATIBLE fedsweep bench sweeps/benchmark/synthetic.yaml --resume" not in (ROOT / doc).read_text(), doc
+
+
+@pytest.mark.parametrize("file", DECLARING, ids=[f.stem for f in DECLARING])
+def test_every_run_of_a_cell_whose_file_declares_kernels_names_them(file):
+    """A cell whose file declares ``bench.kernels`` was computed with them: every run of its folder, tuning
+    (``runs/``) and final, names them in its ``platform`` column, so `--resume` owes nothing again."""
+    bench = load_bench(file, check_cluster=False)
+    folder = RESULTS / bench.name
+    paths = sorted(folder.glob("final_runs_b*.csv")) + sorted((folder / "runs").glob("*.csv"))
+    # each budget's final runs, and the runs of its two sweeps (tuning, final seeds)
+    assert len(paths) == 1 + len(bench.settings.budgets) + 2, [p.name for p in paths]
+    for path in paths:
+        platforms = set(read_runs(str(path))[0]["platform"])
+        assert platforms and all(names_kernels(p, bench.settings.kernels) for p in platforms), (path.name, platforms)
