@@ -1,0 +1,62 @@
+"""benchmarks/cell_diff.py on two small hand-made cell folders whose differences are known: one choice moved, one
+final run moved, the rows, the CI test, the order, and the documents' quotes of a number that moved."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from benchmarks.cell_diff import compare, main, stale_quotes
+
+M = "personalized_accuracy_mean"
+
+
+def _cell(folder, chosen: dict[str, str], runs: dict[str, list[float]], ci: dict[str, float], compact: str):
+    folder.mkdir()
+    (folder / "bench_state.json").write_text(json.dumps({"methods": {k: {"chosen": {"16": s}} for k, s in chosen.items()}}))
+    rows = [{"algorithm": k, "setting": chosen[k], "seed": seed, M: v} for k, vs in runs.items() for seed, v in enumerate(vs, 1)]
+    pd.DataFrame(rows).to_csv(folder / "final_runs_b16.csv", index=False)
+    table = [{"algorithm": k, f"{M} mean": sum(vs) / len(vs), f"{M} ci95": ci[k]} for k, vs in runs.items()]
+    pd.DataFrame(table).to_csv(folder / "table_b16.csv", index=False)
+    (folder / "compact.md").write_text(compact)
+    return folder
+
+
+@pytest.fixture
+def cells(tmp_path):
+    old = _cell(tmp_path / "old", {"a": "sa", "b": "sb", "c": "sc"},
+                {"a": [0.90, 0.91, 0.92], "b": [0.80, 0.81, 0.82], "c": [0.70, 0.70, 0.70]},
+                {"a": 0.01, "b": 0.0001, "c": 0.0}, "| 1 | a | 91.00 ± 1.00 |\n| 2 | b | 81.00 ± 0.01 |\n")
+    new = _cell(tmp_path / "new", {"a": "sa", "b": "sb2", "c": "sc"},
+                {"a": [0.90, 0.91, 0.925], "b": [0.85, 0.85, 0.85], "c": [0.70, 0.70, 0.70]},
+                {"a": 0.012, "b": 0.0, "c": 0.0}, "| 1 | a | 91.17 ± 1.20 |\n| 2 | b | 85.00 ± 0.00 |\n")
+    return new, old
+
+
+def test_a_moved_choice_a_moved_run_and_the_rows_they_move(cells):
+    new, old = cells
+    d = compare(new, old, 16)
+    assert d["choices_moved"] == ["b"]
+    # b's new setting has no run before: a's and c's three runs each are compared, one of a's moved by 0.5 points
+    assert (d["runs_compared"], d["runs_equal"], d["runs_moved"]) == (6, 5, 1)
+    assert d["run_move_median"] == pytest.approx(0.5) and d["run_move_max"] == pytest.approx(0.5)
+    assert d["run_move_max_at"] == ("a", 3)
+    assert d["rows_moved"] == 2 and d["row_move_max_at"] == "b" and d["row_move_max"] == pytest.approx(4.0)
+    assert d["rows_outside_old_ci"] == ["b"]  # a moved 0.17 points inside its old ± 1.00; b 4 points outside ± 0.01
+    assert d["spearman"] == pytest.approx(1.0) and d["top5"]["new"] == d["top5"]["old"] == ["a", "b", "c"]
+
+
+def test_the_documents_quotes_of_a_number_that_moved_are_listed_across_line_breaks(cells, tmp_path):
+    new, old = cells
+    doc = tmp_path / "page.md"
+    doc.write_text("a kept its place (91.00 ±\n  1.00), b too: 81.00 ± 0.01; unrelated 50.00 ± 1.00\n")
+    assert stale_quotes(new, old, docs=[str(doc)]) == [f"{doc}:1: 91.00 ± 1.00", f"{doc}:2: 81.00 ± 0.01"]
+
+
+def test_the_command_prints_each_budget(cells, capsys):
+    new, old = cells
+    main([str(new), str(old)])
+    out = capsys.readouterr().out
+    assert out.startswith("budget 16: 1 of 3 choices moved ['b']; of 6 final runs of a setting both ran, 5 equal, 1 moved")
