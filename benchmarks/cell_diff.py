@@ -22,24 +22,21 @@ from pathlib import Path
 import pandas as pd
 
 from fedsweep.bench import read_state
+from fedsweep.table import read_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ("docs/benchmark.md", "docs/reproduction.md", "docs/performance.md", "README.md")
 QUOTE = re.compile(r"(\d+\.\d\d)\s+±\s+(\d+\.\d\d)")  # a mean ± CI as compact.md prints it, a line break allowed
 
 
-def _metric(folder: Path) -> str:
-    table = pd.read_csv(next(folder.glob("table_b*.csv")))
-    return next(c for c in table.columns if c.endswith(" mean")).removesuffix(" mean")
-
-
 def compare(new: Path, old: Path, budget: int) -> dict:
-    """The differences at one budget (see the module's docstring), as numbers."""
-    metric = _metric(new)
+    """The differences at one budget (see the module's docstring), as numbers, in the metric the cell ranked by (the
+    tag `fedsweep bench` saved beside its final runs)."""
     chosen = {f: {k: e["chosen"][str(budget)] for k, e in read_state(f)["methods"].items() if "chosen" in e} for f in (new, old)}
     both = sorted(set(chosen[new]) & set(chosen[old]))
-    runs = {f: pd.read_csv(f / f"final_runs_b{budget}.csv") for f in (new, old)}
-    same = runs[new].merge(runs[old], on=["setting", "seed"], suffixes=("", "_old"))
+    (runs_new, tags), (runs_old, _) = (read_runs(str(f / f"final_runs_b{budget}.csv")) for f in (new, old))
+    metric = tags["fedsweep.metric"]
+    same = runs_new.merge(runs_old, on=["setting", "seed"], suffixes=("", "_old"))
     move = (100 * (same[metric] - same[f"{metric}_old"])).abs()
     moved = move[move > 0]
     worst = same.loc[moved.idxmax()] if len(moved) else None

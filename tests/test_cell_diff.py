@@ -16,8 +16,10 @@ M = "personalized_accuracy_mean"
 def _cell(folder, chosen: dict[str, str], runs: dict[str, list[float]], ci: dict[str, float], compact: str):
     folder.mkdir()
     (folder / "bench_state.json").write_text(json.dumps({"methods": {k: {"chosen": {"16": s}} for k, s in chosen.items()}}))
-    rows = [{"algorithm": k, "setting": chosen[k], "seed": seed, M: v} for k, vs in runs.items() for seed, v in enumerate(vs, 1)]
+    rows = [{"run_id": f"{k}{seed}", "algorithm": k, "setting": chosen[k], "seed": seed, "trial_index": 0, "trial_start": 0, M: v}
+            for k, vs in runs.items() for seed, v in enumerate(vs, 1)]
     pd.DataFrame(rows).to_csv(folder / "final_runs_b16.csv", index=False)
+    (folder / "final_runs_b16.csv.tags.json").write_text(json.dumps({"fedsweep.metric": M, "fedsweep.mode": "max"}))
     table = [{"algorithm": k, f"{M} mean": sum(vs) / len(vs), f"{M} ci95": ci[k]} for k, vs in runs.items()]
     pd.DataFrame(table).to_csv(folder / "table_b16.csv", index=False)
     (folder / "compact.md").write_text(compact)

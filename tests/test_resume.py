@@ -4,7 +4,6 @@ finished run per trial and none RUNNING, and every trial's final numbers equal a
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -16,7 +15,6 @@ import psutil
 import pytest
 import yaml
 
-from fedsweep.checkpoint import META
 from fedsweep.cli import main
 from fedsweep.engine import run_local
 from fedsweep.loading import load_sweep
@@ -63,22 +61,23 @@ def _alive_in_session(p: psutil.Process, session_id: int) -> bool:
 
 
 def checkpointed_runs(storage_path: str) -> set[str]:
-    """The MLflow runs that a complete checkpoint in the sweep's storage continues (its JSON is written last). The
-    kill waits for one of a running trial: its metrics in MLflow come before its checkpoint (written after them, by
-    the trial's writer thread, an upload on S3), and a kill between them left no trial to go on from a checkpoint."""
-    import pyarrow.fs as pafs
-
+    """The MLflow runs that a trial's newest complete checkpoint in the sweep's storage continues (as a resumed trial
+    finds it: :func:`fedsweep.checkpoint.load_latest`). The kill waits for one of a running trial: its metrics in
+    MLflow come before its checkpoint (written after them, by the trial's writer thread, an upload on S3), and a kill
+    between them left no trial to go on from a checkpoint."""
+    from fedsweep.checkpoint import load_latest
     from fedsweep.storage import Storage
 
-    where = Storage(storage_path)
-    infos = where.fs.get_file_info(pafs.FileSelector(where.root, recursive=True, allow_not_found=True))
-    found = set()
-    for info in infos:
-        if info.type == pafs.FileType.File and info.base_name == META and "/fedsweep_checkpoints/" in info.path:
+    where, found = Storage(storage_path), set()
+    for sweep in where.folders(where.root, "r-"):
+        checkpoints = where.path(sweep, "fedsweep_checkpoints")
+        for trial in where.folders(checkpoints, "trial_"):
             try:
-                found.add(json.loads(where.read_bytes(info.path))["extra"]["run_id"])
-            except (FileNotFoundError, OSError):  # replaced by a newer round's since the listing
-                pass
+                latest = load_latest(where, where.path(sweep, "fedsweep_checkpoints", trial))
+            except OSError:  # replaced by a newer round's between the listing and the read
+                continue
+            if latest is not None:
+                found.add(latest[1]["run_id"])
     return found
 
 
