@@ -46,6 +46,7 @@ from fedsweep.algorithms import ALGORITHMS
 from fedsweep.checks import check_before_start
 from fedsweep.config import KEY_OMITS_AT_DEFAULT, ConfigError, Seed, Sweep, Trial, without_new_defaults
 from fedsweep.loading import _alias_of, _format_errors, _short, _where, flatten_grids, read_yaml, sweep_from
+from fedsweep.models import CONV_VALUES, CONV_VAR
 from fedsweep.schema import StrictModel
 from fedsweep.search import distributions
 from fedsweep.tracking import ATEN_CAPABILITIES, KERNEL_VARS, STOPPED_EARLY, kernel_settings, names_kernels
@@ -68,7 +69,8 @@ class BenchSettings(StrictModel):
     final_seeds: list[Seed] = Field(..., min_length=2, description="Fresh seeds each chosen setting runs on; none of sweep.seeds.")
     budgets: list[int] = Field(default_factory=list, description="Smaller budgets (< sweep.num_samples), each its own table.")
     kernels: dict[str, str] = Field(default_factory=dict, description=(
-        "The CPU kernels the cell's runs are computed with (ATEN_CPU_CAPABILITY and MKL's / oneDNN's variables): "
+        "The CPU kernels the cell's runs are computed with (ATEN_CPU_CAPABILITY, MKL's / oneDNN's variables, and "
+        "FEDSWEEP_CONV: native for convolutions without oneDNN): "
         "`fedsweep bench` starts its Ray workers with them, and a run computed without them is not the cell's."))
 
 
@@ -208,6 +210,8 @@ def load_bench(path: str | Path, check_cluster: bool = True, only: list[str] | N
                 problems.append(f"{where}: not a variable that chooses CPU kernels; allowed: {', '.join(KERNEL_VARS)}")
             elif var == "ATEN_CPU_CAPABILITY" and value not in ATEN_CAPABILITIES:
                 problems.append(f"{where}: {_short(value)}; allowed: {', '.join(ATEN_CAPABILITIES)} (PyTorch ignores any other)")
+            elif var == CONV_VAR and value not in CONV_VALUES:
+                problems.append(f"{where}: {_short(value)}; allowed: {', '.join(CONV_VALUES)} (native: convolutions without oneDNN)")
             elif var == "MKL_CBWR":
                 if value.removesuffix(",STRICT") not in MKL_BRANCHES:
                     problems.append(f"{where}: {_short(value)}; allowed: {', '.join(MKL_BRANCHES)}, each optionally followed by ',STRICT'")

@@ -50,8 +50,9 @@ CODE_TAG = f"{TAG_PREFIX}code"
 #: Environment variables that change which kernels MKL and oneDNN run, and so a run's numbers (on one Intel CPU,
 #: MKL_CBWR and ONEDNN_MAX_CPU_ISA each moved FedAvg's accuracy on the MNIST pathological small-CNN cell by up to 0.4
 #: points, and MKL_ENABLE_INSTRUCTIONS=AVX2 as MKL_CBWR=AVX2 did: docs/reproduction.md; DNNL_MAX_CPU_ISA is oneDNN's
-#: older name for ONEDNN_MAX_CPU_ISA).
-LIBRARY_DISPATCH = ("MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
+#: older name for ONEDNN_MAX_CPU_ISA), and fedsweep's own FEDSWEEP_CONV, whether oneDNN computes convolutions
+#: at all (``fedsweep.models.CONV_VAR``; named here as text: this module does not import torch's users at import).
+LIBRARY_DISPATCH = ("MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "FEDSWEEP_CONV")
 #: Every variable that chooses a run's CPU kernels: PyTorch's own (``ATEN_CPU_CAPABILITY``, whose values PyTorch
 #: takes in lower case only, ignoring any other) and MKL's and oneDNN's.
 KERNEL_VARS = ("ATEN_CPU_CAPABILITY", *LIBRARY_DISPATCH)

@@ -58,12 +58,53 @@ def test_a_platform_names_kernels_exactly():
 
 def test_kernels_that_choose_nothing_are_refused_naming_the_field(tmp_path):
     text = problems(cell(tmp_path, kernels={"OMP_NUM_THREADS": "1", "ATEN_CPU_CAPABILITY": "AVX2", "MKL_CBWR": "COMPATIBLE; rm",
-                                            "ONEDNN_MAX_CPU_ISA": "AVX2 "}))
+                                            "ONEDNN_MAX_CPU_ISA": "AVX2 ", "FEDSWEEP_CONV": "0"}))
     assert f"bench.kernels.OMP_NUM_THREADS: not a variable that chooses CPU kernels; allowed: {', '.join(KERNEL_VARS)}" in text
     assert "bench.kernels.ATEN_CPU_CAPABILITY: 'AVX2'; allowed: default, avx2, avx512, zvector, vsx, sve256 (PyTorch ignores any other)" in text
     assert "bench.kernels.MKL_CBWR: 'COMPATIBLE; rm'; allowed: AUTO, COMPATIBLE, SSE2" in text
     assert "bench.kernels.ONEDNN_MAX_CPU_ISA: 'AVX2 '; allowed: a value as the variable takes it" in text
+    assert "bench.kernels.FEDSWEEP_CONV: '0'; allowed: onednn, native (native: convolutions without oneDNN)" in text
     load_bench(cell(tmp_path, kernels={"MKL_CBWR": "AVX2,STRICT", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}), check_cluster=False)
+
+
+#: A few SGD steps of the small CNN in a fresh process: oneDNN's primitive executions (its verbose log) and the
+#: parameters' sum, exactly.
+_CNN_STEPS = '''
+import torch
+from fedsweep.models import CNNConfig, build_model
+from fedsweep.tracking import run_platform
+torch.manual_seed(0)
+model = build_model(CNNConfig(channels=[6, 16], hidden=[120, 84]), 784, 10)
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+x, y = torch.randn(20, 784), torch.randint(0, 10, (20,))
+for _ in range(3):
+    opt.zero_grad(); torch.nn.functional.cross_entropy(model(x), y).backward(); opt.step()
+print("SUM", repr(sum(p.double().sum().item() for p in model.parameters())))
+print("PLATFORM", run_platform())
+'''
+
+
+def _cnn_steps(**env: str) -> tuple[int, str, str]:
+    clean = {k: v for k, v in os.environ.items() if k not in KERNEL_VARS}
+    out = subprocess.run([sys.executable, "-c", _CNN_STEPS], env={**clean, "ONEDNN_VERBOSE": "1", "DNNL_VERBOSE": "1", **env},
+                         capture_output=True, text=True, check=True, cwd=ROOT).stdout.splitlines()
+    value = lambda key: next(line.split(" ", 1)[1] for line in out if line.startswith(key + " "))
+    return sum(",exec," in line for line in out), value("SUM"), value("PLATFORM")
+
+
+def test_fedsweep_conv_native_computes_convolutions_without_onednn():
+    """``FEDSWEEP_CONV=native`` (a ``bench.kernels`` variable, read when ``fedsweep.models`` is imported): the CNN's
+    convolutions run no oneDNN primitive, so oneDNN's own settings no longer change the numbers, and the platform
+    names it; any other value is refused at import."""
+    on, _, plain = _cnn_steps()
+    off, total, platform = _cnn_steps(FEDSWEEP_CONV="native")
+    capped, total_capped, _ = _cnn_steps(FEDSWEEP_CONV="native", ONEDNN_MAX_CPU_ISA="SSE41")
+    assert on > 0 and off == capped == 0
+    assert total == total_capped
+    assert platform == plain + ", FEDSWEEP_CONV=native"
+    bad = subprocess.run([sys.executable, "-c", "import fedsweep.models"], env={**os.environ, "FEDSWEEP_CONV": "0"},
+                         capture_output=True, text=True, cwd=ROOT, check=False)
+    assert bad.returncode != 0 and "$FEDSWEEP_CONV: '0'; allowed: onednn, native (unset: onednn)" in bad.stderr
 
 
 def test_the_kernels_go_into_the_environment_unless_it_says_otherwise(tmp_path, kernel_env):
