@@ -45,8 +45,8 @@ from pydantic import Field, ValidationError
 from fedsweep.algorithms import ALGORITHMS
 from fedsweep.checks import check_before_start
 from fedsweep.config import KEY_OMITS_AT_DEFAULT, ConfigError, Seed, Sweep, Trial, without_new_defaults
+from fedsweep.conv_kernels import CONV_HELP, CONV_VAR, NATIVE
 from fedsweep.loading import _alias_of, _format_errors, _short, _where, flatten_grids, read_yaml, sweep_from
-from fedsweep.models import CONV_VALUES, CONV_VAR
 from fedsweep.schema import StrictModel
 from fedsweep.search import distributions
 from fedsweep.tracking import ATEN_CAPABILITIES, KERNEL_VARS, STOPPED_EARLY, kernel_settings, names_kernels
@@ -210,8 +210,8 @@ def load_bench(path: str | Path, check_cluster: bool = True, only: list[str] | N
                 problems.append(f"{where}: not a variable that chooses CPU kernels; allowed: {', '.join(KERNEL_VARS)}")
             elif var == "ATEN_CPU_CAPABILITY" and value not in ATEN_CAPABILITIES:
                 problems.append(f"{where}: {_short(value)}; allowed: {', '.join(ATEN_CAPABILITIES)} (PyTorch ignores any other)")
-            elif var == CONV_VAR and value not in CONV_VALUES:
-                problems.append(f"{where}: {_short(value)}; allowed: {', '.join(CONV_VALUES)} (native: convolutions without oneDNN)")
+            elif var == CONV_VAR and value != NATIVE:
+                problems.append(f"{where}: {_short(value)}; allowed: {CONV_HELP}")
             elif var == "MKL_CBWR":
                 if value.removesuffix(",STRICT") not in MKL_BRANCHES:
                     problems.append(f"{where}: {_short(value)}; allowed: {', '.join(MKL_BRANCHES)}, each optionally followed by ',STRICT'")

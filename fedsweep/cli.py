@@ -14,6 +14,7 @@ from pathlib import Path
 
 from fedsweep import cli_table
 from fedsweep.cli_common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, print_problems, tracking_uri
+from fedsweep.conv_kernels import conv_problem
 
 
 def cmd_validate(args) -> int:
@@ -306,6 +307,9 @@ def main(argv: list[str] | None = None) -> int:
     if os.environ.get("FEDSWEEP_DATA_DIR"):
         # relative to where the command was typed, for every process it starts (actors may run elsewhere)
         os.environ["FEDSWEEP_DATA_DIR"] = str(Path(os.environ["FEDSWEEP_DATA_DIR"]).expanduser().resolve())
+    if problem := conv_problem():  # read by every process that builds a CNN: refused before anything starts
+        print(f"error: {problem}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     try:
         return args.func(args)
     except Exception as e:

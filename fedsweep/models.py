@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Literal
@@ -14,30 +13,10 @@ import torch.nn.functional as F
 from pydantic import Field, PositiveInt
 from torch import nn
 
+from fedsweep.conv_kernels import native_convolutions
 from fedsweep.schema import FieldError, StrictModel
 
 ACTIVATIONS = {"relu": nn.ReLU, "elu": nn.ELU, "tanh": nn.Tanh}
-
-#: ``FEDSWEEP_CONV=native`` computes convolutions with PyTorch's own kernels (unfolded patches and MKL's matrix
-#: products) instead of oneDNN's (``onednn``, the default; values no YAML reader takes for a boolean, as it does
-#: ``off``). oneDNN picks its code by the CPU (its instruction sets, its caches) and has no
-#: branch common to every x86-64 CPU, as MKL has (``MKL_CBWR=COMPATIBLE``); without it a CNN's numbers depend on
-#: PyTorch's kernels (``ATEN_CPU_CAPABILITY``) and MKL's alone. Read when this module is imported, as PyTorch reads
-#: ``ATEN_CPU_CAPABILITY`` when it is: set it before a process starts (``bench.kernels`` does, for Ray's workers).
-#: On the Intel Xeon a small-CNN trial took about 1.24× as long with it (docs/reproduction.md, "Convolutions without oneDNN").
-CONV_VAR = "FEDSWEEP_CONV"
-CONV_VALUES = ("onednn", "native")
-
-
-def _conv_kernels_from_env() -> None:
-    value = os.environ.get(CONV_VAR, "onednn")
-    if value not in CONV_VALUES:
-        raise ValueError(f"${CONV_VAR}: {value!r}; allowed: {', '.join(CONV_VALUES)} (unset: onednn)")
-    if value == "native":
-        torch.backends.mkldnn.enabled = False
-
-
-_conv_kernels_from_env()
 
 
 Norm = Literal["none", "batch"]
@@ -112,6 +91,8 @@ def build_model(cfg: ModelConfig, num_features: int, num_classes: int) -> nn.Mod
     if cfg.name == "mlr":
         return nn.Linear(num_features, num_classes)
     if cfg.name == "cnn":
+        if native_convolutions():  # $FEDSWEEP_CONV, applied in the process that builds (and so computes) a CNN
+            torch.backends.mkldnn.enabled = False
         return _cnn(cfg, num_features, num_classes)
     layers: list[nn.Module] = []
     width = num_features

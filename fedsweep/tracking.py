@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fedsweep.conv_kernels import CONV_VAR
 from fedsweep.dotted import format_value
 from fedsweep.metric_writer import MetricWriter
 
@@ -50,11 +51,11 @@ CODE_TAG = f"{TAG_PREFIX}code"
 #: Environment variables that change which kernels MKL and oneDNN run, and so a run's numbers (on one Intel CPU,
 #: MKL_CBWR and ONEDNN_MAX_CPU_ISA each moved FedAvg's accuracy on the MNIST pathological small-CNN cell by up to 0.4
 #: points, and MKL_ENABLE_INSTRUCTIONS=AVX2 as MKL_CBWR=AVX2 did: docs/reproduction.md; DNNL_MAX_CPU_ISA is oneDNN's
-#: older name for ONEDNN_MAX_CPU_ISA), and fedsweep's own FEDSWEEP_CONV, whether oneDNN computes convolutions
-#: at all (``fedsweep.models.CONV_VAR``; named here as text: this module does not import torch's users at import).
-LIBRARY_DISPATCH = ("MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "FEDSWEEP_CONV")
+#: older name for ONEDNN_MAX_CPU_ISA), and fedsweep's own FEDSWEEP_CONV, whether oneDNN computes convolutions at all
+#: (:mod:`fedsweep.conv_kernels`).
+LIBRARY_DISPATCH = ("MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", CONV_VAR)
 #: Every variable that chooses a run's CPU kernels: PyTorch's own (``ATEN_CPU_CAPABILITY``, whose values PyTorch
-#: takes in lower case only, ignoring any other) and MKL's and oneDNN's.
+#: takes in lower case only, ignoring any other), MKL's and oneDNN's, and fedsweep's FEDSWEEP_CONV.
 KERNEL_VARS = ("ATEN_CPU_CAPABILITY", *LIBRARY_DISPATCH)
 ATEN_CAPABILITIES = ("default", "avx2", "avx512", "zvector", "vsx", "sve256")
 #: A platform's ``, VAR=value`` parts for the variables of :data:`LIBRARY_DISPATCH` (a value may hold commas).
@@ -80,7 +81,8 @@ def run_platform() -> str:
     """What a run's numbers depend on besides its config and seed: torch's build and the vector instructions its CPU
     kernels dispatch to (``ATEN_CPU_CAPABILITY``), the CPU's model, the GPU's when one is visible, and the settings
     by which MKL (matrix products) and oneDNN (convolutions) are told to pick their own kernels, which they choose by
-    the CPU and not by ``ATEN_CPU_CAPABILITY`` (:data:`LIBRARY_DISPATCH`; named only when set). The same config and
+    the CPU and not by ``ATEN_CPU_CAPABILITY``, and whether oneDNN computes convolutions at all (``FEDSWEEP_CONV``,
+    applied wherever a CNN is built): :data:`LIBRARY_DISPATCH`, each named only when set. The same config and
     seed give the same numbers bit for bit on one platform; on another the float sums round differently in their
     last digits (``ATEN_CPU_CAPABILITY=default`` against ``avx2`` moves FedAvg's global loss in the 8th digit within
     20 rounds), which over hundreds of rounds can flip a prediction; an Intel and an AMD CPU differ so even with

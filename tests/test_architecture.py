@@ -130,7 +130,8 @@ LAYERS = {
                       "fedsweep.storage"),
     "algorithms": ("fedsweep.algorithms",),
     "models, data": ("fedsweep.models", "fedsweep.data", "fedsweep.client_data", "fedsweep.evaluation"),
-    "utilities": ("fedsweep.dotted", "fedsweep.schema", "fedsweep.config_file", "fedsweep.safe_pickle", "fedsweep.node_cache"),
+    "utilities": ("fedsweep.dotted", "fedsweep.schema", "fedsweep.config_file", "fedsweep.safe_pickle", "fedsweep.node_cache",
+                  "fedsweep.conv_kernels"),
 }
 
 

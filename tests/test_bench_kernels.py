@@ -5,6 +5,7 @@ what would compute without them before anything runs, and records no run whose p
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 import yaml
 
 from fedsweep.bench import load_bench, use_kernels, with_kernels
@@ -58,21 +60,24 @@ def test_a_platform_names_kernels_exactly():
 
 def test_kernels_that_choose_nothing_are_refused_naming_the_field(tmp_path):
     text = problems(cell(tmp_path, kernels={"OMP_NUM_THREADS": "1", "ATEN_CPU_CAPABILITY": "AVX2", "MKL_CBWR": "COMPATIBLE; rm",
-                                            "ONEDNN_MAX_CPU_ISA": "AVX2 ", "FEDSWEEP_CONV": "0"}))
+                                            "ONEDNN_MAX_CPU_ISA": "AVX2 ", "FEDSWEEP_CONV": "onednn"}))
     assert f"bench.kernels.OMP_NUM_THREADS: not a variable that chooses CPU kernels; allowed: {', '.join(KERNEL_VARS)}" in text
     assert "bench.kernels.ATEN_CPU_CAPABILITY: 'AVX2'; allowed: default, avx2, avx512, zvector, vsx, sve256 (PyTorch ignores any other)" in text
     assert "bench.kernels.MKL_CBWR: 'COMPATIBLE; rm'; allowed: AUTO, COMPATIBLE, SSE2" in text
     assert "bench.kernels.ONEDNN_MAX_CPU_ISA: 'AVX2 '; allowed: a value as the variable takes it" in text
-    assert "bench.kernels.FEDSWEEP_CONV: '0'; allowed: onednn, native (native: convolutions without oneDNN)" in text
+    assert ("bench.kernels.FEDSWEEP_CONV: 'onednn'; allowed: native (convolutions without oneDNN), or unset (oneDNN, "
+            "PyTorch's default)") in text
     load_bench(cell(tmp_path, kernels={"MKL_CBWR": "AVX2,STRICT", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}), check_cluster=False)
 
 
 #: A few SGD steps of the small CNN in a fresh process: oneDNN's primitive executions (its verbose log) and the
-#: parameters' sum, exactly.
-_CNN_STEPS = '''
-import torch
+#: parameters' sum, exactly. ``LATE_CONV``: $FEDSWEEP_CONV set only after fedsweep's modules are imported.
+_CNN_STEPS = """
+import os, torch
 from fedsweep.models import CNNConfig, build_model
 from fedsweep.tracking import run_platform
+if "LATE_CONV" in os.environ:
+    os.environ["FEDSWEEP_CONV"] = os.environ["LATE_CONV"]
 torch.manual_seed(0)
 model = build_model(CNNConfig(channels=[6, 16], hidden=[120, 84]), 784, 10)
 opt = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -81,30 +86,46 @@ for _ in range(3):
     opt.zero_grad(); torch.nn.functional.cross_entropy(model(x), y).backward(); opt.step()
 print("SUM", repr(sum(p.double().sum().item() for p in model.parameters())))
 print("PLATFORM", run_platform())
-'''
+"""
 
 
 def _cnn_steps(**env: str) -> tuple[int, str, str]:
     clean = {k: v for k, v in os.environ.items() if k not in KERNEL_VARS}
-    out = subprocess.run([sys.executable, "-c", _CNN_STEPS], env={**clean, "ONEDNN_VERBOSE": "1", "DNNL_VERBOSE": "1", **env},
-                         capture_output=True, text=True, check=True, cwd=ROOT).stdout.splitlines()
+    done = subprocess.run([sys.executable, "-c", _CNN_STEPS], env={**clean, "ONEDNN_VERBOSE": "1", "DNNL_VERBOSE": "1", **env},
+                          capture_output=True, text=True, check=False, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout.splitlines()
     value = lambda key: next(line.split(" ", 1)[1] for line in out if line.startswith(key + " "))
     return sum(",exec," in line for line in out), value("SUM"), value("PLATFORM")
 
 
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this PyTorch has no oneDNN to leave out")
 def test_fedsweep_conv_native_computes_convolutions_without_onednn():
-    """``FEDSWEEP_CONV=native`` (a ``bench.kernels`` variable, read when ``fedsweep.models`` is imported): the CNN's
-    convolutions run no oneDNN primitive, so oneDNN's own settings no longer change the numbers, and the platform
-    names it; any other value is refused at import."""
-    on, _, plain = _cnn_steps()
-    off, total, platform = _cnn_steps(FEDSWEEP_CONV="native")
+    """``FEDSWEEP_CONV=native`` (a ``bench.kernels`` variable, applied where a CNN is built): the CNN's convolutions
+    run no oneDNN primitive, so oneDNN's own settings no longer change the numbers, and the platform names it."""
+    with_onednn, _, plain = _cnn_steps()
+    native, total, platform = _cnn_steps(FEDSWEEP_CONV="native")
     capped, total_capped, _ = _cnn_steps(FEDSWEEP_CONV="native", ONEDNN_MAX_CPU_ISA="SSE41")
-    assert on > 0 and off == capped == 0
-    assert total == total_capped
+    late, total_late, _ = _cnn_steps(LATE_CONV="native")
+    assert with_onednn > 0 and native == capped == late == 0
+    assert total == total_capped == total_late
     assert platform == plain + ", FEDSWEEP_CONV=native"
-    bad = subprocess.run([sys.executable, "-c", "import fedsweep.models"], env={**os.environ, "FEDSWEEP_CONV": "0"},
-                         capture_output=True, text=True, cwd=ROOT, check=False)
-    assert bad.returncode != 0 and "$FEDSWEEP_CONV: '0'; allowed: onednn, native (unset: onednn)" in bad.stderr
+
+
+def test_another_fedsweep_conv_is_refused_before_anything_starts(monkeypatch):
+    """Any value but ``native`` (or unset): every command refuses it first, exit 2 (bad input), naming the variable
+    and the allowed values; a CNN is not built under it."""
+    env = {**os.environ, "FEDSWEEP_CONV": "off"}
+    done = subprocess.run([FEDSWEEP, "algorithms"], env=env, capture_output=True, text=True, check=False, timeout=120)
+    allowed = "allowed: native (convolutions without oneDNN), or unset (oneDNN, PyTorch's default)"
+    assert done.returncode == 2 and done.stderr == f"error: $FEDSWEEP_CONV: 'off'; {allowed}\n" and not done.stdout
+    from fedsweep.models import CNNConfig, build_model
+
+    monkeypatch.setenv("FEDSWEEP_CONV", "onednn")
+    with pytest.raises(ValueError, match=re.escape(f"$FEDSWEEP_CONV: 'onednn'; {allowed}")):
+        build_model(CNNConfig(), 784, 10)
+    monkeypatch.setenv("FEDSWEEP_CONV", "")  # empty: unset
+    build_model(CNNConfig(), 784, 10)
 
 
 def test_the_kernels_go_into_the_environment_unless_it_says_otherwise(tmp_path, kernel_env):
@@ -182,15 +203,16 @@ def test_ray_already_running_without_the_kernels_is_refused(ray_session, tmp_pat
 @pytest.mark.ray
 def test_bench_runs_every_trial_with_the_cells_kernels(tmp_path):
     """The command as a user types it, none of the variables set: every run's platform names the cell's kernels
-    (PyTorch's kernels without vector extensions and MKL's COMPATIBLE branch, neither this CPU's own)."""
-    kernels = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE"}
+    (PyTorch's kernels without vector extensions and MKL's COMPATIBLE branch, neither this CPU's own, and
+    convolutions without oneDNN: the Ray workers' environment has them all)."""
+    kernels = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "FEDSWEEP_CONV": "native"}
     path = cell(tmp_path, kernels=kernels, max_concurrent_trials=2)
     env = {k: v for k, v in os.environ.items() if k not in (*KERNEL_VARS, "RAY_ADDRESS", "MLFLOW_RUN_ID")}
     env["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
     bench = subprocess.run([FEDSWEEP, "bench", path, "--output", str(tmp_path / "out"), "--quiet"], env=env, cwd=tmp_path,
                            capture_output=True, text=True, timeout=300, check=False)
     assert bench.returncode == 0, bench.stdout[-2000:] + bench.stderr[-3000:]
-    assert "CPU kernels (bench.kernels): ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE" in bench.stdout
+    assert "CPU kernels (bench.kernels): ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE FEDSWEEP_CONV=native" in bench.stdout
     saved = sorted((tmp_path / "out" / "cell" / "runs").glob("*.csv"))
     runs = pd.concat([read_runs(str(p))[0] for p in saved])
     assert len(saved) == 2 and len(runs) == 2 + 2  # the tuning phase's 2 settings, the chosen one on 2 seeds
