@@ -45,9 +45,18 @@ def test_a_moved_choice_a_moved_run_and_the_rows_they_move(cells):
     assert (d["runs_compared"], d["runs_equal"], d["runs_moved"]) == (6, 5, 1)
     assert d["run_move_median"] == pytest.approx(0.5) and d["run_move_max"] == pytest.approx(0.5)
     assert d["run_move_max_at"] == ("a", 3)
-    assert d["rows_moved"] == 2 and d["row_move_max_at"] == "b" and d["row_move_max"] == pytest.approx(4.0)
+    assert d["rows_moved"] == d["rows_moved_shown"] == 2 and d["row_move_max_at"] == "b" and d["row_move_max"] == pytest.approx(4.0)
     assert d["rows_outside_old_ci"] == ["b"]  # a moved 0.17 points inside its old ± 1.00; b 4 points outside ± 0.01
     assert d["spearman"] == pytest.approx(1.0) and d["top5"]["new"] == d["top5"]["old"] == ["a", "b", "c"]
+
+
+def test_a_row_that_moves_in_its_third_decimal_moved_but_not_in_the_two_shown(tmp_path):
+    """A row whose mean moves by less than the table shows counts as moved, and not among those the reader sees
+    move (93.816 and 93.819 both show 93.82; 93.814 shows 93.81)."""
+    old = _cell(tmp_path / "old", {"a": "sa", "b": "sb"}, {"a": [0.93816] * 3, "b": [0.93814] * 3}, {"a": 0.0, "b": 0.0}, "")
+    new = _cell(tmp_path / "new", {"a": "sa", "b": "sb"}, {"a": [0.93819] * 3, "b": [0.93816] * 3}, {"a": 0.0, "b": 0.0}, "")
+    d = compare(new, old, 16)
+    assert (d["rows_moved"], d["rows_moved_shown"]) == (2, 1)
 
 
 def test_the_documents_quotes_of_a_number_that_moved_are_listed_across_line_breaks(cells, tmp_path):
