@@ -1,4 +1,4 @@
-"""Ray actors: a ClientActor per client and one ServerActor per experiment. They only move tensors and state;
+"""Ray actors: ClientActors, each hosting one or more clients, and one ServerActor per experiment. They only move tensors and state;
 the math is in :mod:`fedsweep.federation` and :mod:`fedsweep.algorithms`."""
 
 from actors.client import ClientActor
