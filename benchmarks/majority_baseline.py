@@ -35,7 +35,7 @@ def majority_accuracies(clients) -> np.ndarray:
 
 def cell(path: str) -> dict[str, float | str]:
     bench = load_bench(path, check_cluster=False)
-    cfg = next(iter(bench.tunes.values())).trials[0].config
+    cfg = bench.first.trials[0].config
     clients = build_federated_dataset(cfg.data).clients
     trained = cfg.num_clients - cfg.unseen_count()
     acc = majority_accuracies(clients[:trained])

@@ -90,9 +90,15 @@ class Bench:
     in_file: list[str] = dataclasses.field(default_factory=list)  # every method of the methods file, --methods or not
 
     @property
+    def first(self) -> Sweep:
+        """The first method's search: its sweep settings and its first trial's config hold what every method shares
+        (data, model, rounds, tracking, resources)."""
+        return next(iter(self.tunes.values()))
+
+    @property
     def budgets(self) -> list[int]:
         """The full budget first, then the smaller ones."""
-        return [self.tunes[next(iter(self.tunes))].settings.num_samples, *self.settings.budgets]
+        return [self.first.settings.num_samples, *self.settings.budgets]
 
     @cached_property
     def sections(self) -> dict[str, dict[str, dict[str, Any]]]:
@@ -248,8 +254,7 @@ def load_bench(path: str | Path, check_cluster: bool = True, only: list[str] | N
     if problems:
         raise ConfigError(problems)
     if check_cluster:
-        first = next(iter(bench.tunes.values()))
-        check_before_start([t.config for s in bench.tunes.values() for t in s.trials], file, first.settings.storage_path)
+        check_before_start([t.config for s in bench.tunes.values() for t in s.trials], file, bench.first.settings.storage_path)
     return bench
 
 
@@ -392,7 +397,7 @@ def missing_runs(runs: pd.DataFrame, settings: list[str], seeds: list[int]) -> i
 
 def chosen_settings(bench: Bench, runs: pd.DataFrame, keys: list[str]) -> dict[str, dict[int, str | None]]:
     """Method -> budget -> the setting that budget chooses, from the tuning sweep's runs."""
-    settings = next(iter(bench.tunes.values())).settings
+    settings = bench.first.settings
     method = runs["setting"].map(bench.owner())
     return {key: {b: choose(runs[method == key], settings.metric, settings.mode, b) for b in bench.budgets} for key in keys}
 

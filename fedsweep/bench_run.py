@@ -126,7 +126,7 @@ def open_state(bench: Bench, output: str | Path, resume: bool) -> tuple[Path, di
     if state and not resume:
         raise ConfigError([(f"{folder}: a run of benchmark '{bench.name}' is there already; allowed: --resume to go on "
                             "with it, or another --output")])
-    first = next(iter(bench.tunes.values())).trials[0].config
+    first = bench.first.trials[0].config
     experiment, uri = first.tracking.experiment, resolve_tracking_uri(first.tracking.tracking_uri)
     c = client(uri)
     if "run_id" in state and not _in_store(uri, state["run_id"]):  # the folder came from another store: a run here
@@ -182,7 +182,7 @@ def run_bench(bench: Bench, output: str | Path, resume: bool = False, verbose: i
     """The tuning sweep of the methods without a choice yet, the final sweep of those without final runs, then
     the tables; returns the folder and the number of sweeps that did not finish (``--resume`` reruns them)."""
     folder, state, uri, experiment = open_state(bench, output, resume)
-    methods, target = state["methods"], next(iter(bench.tunes.values())).settings.target_accuracy
+    methods, target = state["methods"], bench.first.settings.target_accuracy
     done = [k for k in bench.in_file if "final_run" in methods.get(k, {})]
     print(f"[bench {bench.name}] {folder}: {len(done)} of the file's {len(bench.in_file)} methods done (their final runs "
           f"recorded); this command: {', '.join(k for k in bench.tunes if k not in done) or 'nothing left to run'}", flush=True)
@@ -284,7 +284,7 @@ def _incomplete(bench: Bench, key: str, phase: str, runs: pd.DataFrame, settings
 def write_tables(bench: Bench, state: dict[str, Any], uri: str, folder: Path) -> dict[int, pd.DataFrame]:
     """Each budget's table from the final runs of the methods that have them, written to ``folder`` and to the
     benchmark's MLflow run."""
-    first = next(iter(bench.tunes.values()))
+    first = bench.first
     experiment, settings = first.trials[0].config.tracking.experiment, first.settings
     # a method whose draws changed since its runs (left out of a --methods run's checks) is not read as this protocol's
     # methods sorted, runs by setting and seed: what a run writes, a resume that runs nothing writes byte for byte

@@ -136,7 +136,7 @@ def test_the_embedded_cell_and_the_mlp_cells_run_again_declare_make_demos_kernel
                                           "fmnist_dirichlet.yaml", "fmnist_pathological.yaml"}
     for f in DECLARING:
         bench = load_bench(f, check_cluster=False)
-        cnn = bench.tunes[next(iter(bench.tunes))].trials[0].config.model.name == "cnn"
+        cnn = bench.first.trials[0].config.model.name == "cnn"
         assert bench.settings.kernels == {**make_demo_settings(), **({"FEDSWEEP_CONV": "native"} if cnn else {})}, f.name
     for doc in ("README.md", "docs/benchmark.md", "sweeps/benchmark/synthetic.yaml"):
         assert "fedsweep bench sweeps/benchmark/synthetic.yaml --resume" in (ROOT / doc).read_text(), doc
