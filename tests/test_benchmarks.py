@@ -96,6 +96,25 @@ def test_the_stack_width_script_times_every_width_of_both_models():
         assert per_client[10] < per_client[1]
 
 
+def test_the_cnn_pool_script_times_both_poolings_and_finds_the_same_metrics(tmp_path):
+    """``benchmarks/cnn_pool.py`` on a digits CNN (8×8 images, pooled once), two algorithms of an experiment file, a
+    few rounds: both ways timed, every round's metrics the same, the layer's own forward back in place after."""
+    import yaml
+
+    from benchmarks.cnn_pool import main
+    from fedsweep.models import MaxPool2
+    from tests.conftest import config_dict
+
+    forward = MaxPool2.forward
+    path = tmp_path / "cnn.yaml"
+    path.write_text(yaml.safe_dump(config_dict(model={"_replace": True, "name": "cnn", "channels": [4, 4], "hidden": [8],
+                                                      "kernel_size": 3, "pool": "last"}, resources=None)))
+    out = main([str(path), "--methods", "fedavg,ifca", "--rounds", "2"])
+    assert sorted(out) == ["fedavg", "ifca"]
+    for r in out.values():
+        assert r["same_metrics"] and len(r["kernel_s"]) == len(r["corners_s"]) == 1 and r["median_ratio"] > 0
+    assert MaxPool2.forward is forward
+
 def test_the_peer_floor_times_the_rounds_of_the_grids_own_experiment(tmp_path):
     """``benchmarks/pfl_peer.py``'s floor (a grid's rounds alone) runs the experiment each of the grid's trials runs:
     the grid's file at one of its settings, nothing else changed; and it measures a time."""

@@ -4,6 +4,7 @@ not; CIFAR's pickled "python version" batches with byte-string keys), read throu
 from __future__ import annotations
 
 import gzip
+import math
 import os
 import pickle
 import struct
@@ -250,6 +251,51 @@ def test_a_cnn_pooled_after_its_last_convolution_is_pfl_researchs_simple_cnn_wit
     assert keys[None] == keys["each"] != keys["last"]
     with pytest.raises(ConfigError, match=r"model\.pool"):
         validate({**base, "model": {**base["model"], "pool": "middle"}})
+
+
+def test_a_cnns_max_pooling_without_autograd_gives_the_kernels_numbers():
+    """``models.MaxPool2``: where autograd records nothing (evaluations) it pools with the four corners' elementwise
+    maximum, PyTorch's kernel otherwise. Its values are the kernel's on windows with ties, NaN, -inf and odd sides, in
+    float32 and float64; with autograd its output and gradient are the kernel's; a whole CNN's logits, one model or
+    stacked rows (``FlatModel.rows``, vmap), are those of the same CNN with ``nn.MaxPool2d``, bit for bit."""
+    import copy
+
+    import torch.nn.functional as F
+
+    from fedsweep.models import CNNConfig, FlatModel, MaxPool2, build_model
+
+    def same(a, b):  # equal values (-0.0 == 0.0: the one difference a maximum may make), NaN where NaN
+        return a.shape == b.shape and torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0))
+
+    pool = MaxPool2()
+    for seed in range(60):
+        g = torch.Generator().manual_seed(seed)
+        shape = (1 + seed % 4, 1 + seed % 3, 2 + seed % 9, 2 + (seed * 7) % 10)
+        x = torch.randint(-3, 3, shape, generator=g, dtype=torch.float64 if seed % 2 else torch.float32)
+        x[x == -3], x[x == -2], x[x == 2] = -0.0, -math.inf, math.nan
+        with torch.no_grad():
+            assert same(pool(x), F.max_pool2d(x, 2)), shape
+        a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+        out_a, out_b = pool(a), F.max_pool2d(b, 2)
+        upstream = torch.randn(out_a.shape, generator=g, dtype=x.dtype)
+        out_a.backward(upstream), out_b.backward(upstream)
+        assert same(out_a, out_b) and same(a.grad, b.grad), shape
+
+    cnn = build_model(CNNConfig(channels=[6, 16], hidden=[120, 84]), 28 * 28, 10)
+    kernel = copy.deepcopy(cnn)
+    for i, m in enumerate(kernel):
+        if isinstance(m, MaxPool2):
+            kernel[i] = torch.nn.MaxPool2d(2)
+    assert sum(isinstance(m, MaxPool2) for m in cnn) == 2 and not any(isinstance(m, MaxPool2) for m in kernel)
+    g = torch.Generator().manual_seed(0)
+    images = torch.rand(40, 28 * 28, generator=g) * (torch.rand(40, 28 * 28, generator=g) > 0.7)  # zero backgrounds: ties
+    flat, flat_kernel = FlatModel(cnn), FlatModel(kernel)
+    rows = torch.stack([flat.initial_vector(s) for s in range(3)])
+    with torch.no_grad():
+        for w in rows:
+            assert torch.equal(flat(w, images), flat_kernel(w, images))
+        stacked = images[:39].view(3, 13, 28 * 28)  # each row its own inputs
+        assert torch.equal(flat.rows(rows, stacked), flat_kernel.rows(rows, stacked))
 
 
 # ------------------------------------------------------------------ decoded once per node
