@@ -1,9 +1,10 @@
 """A CNN's pooling in evaluations: whole trials with PyTorch's max-pooling kernel and with ``models.MaxPool2``'s
-corners (its path where autograd records nothing), alternated in this process, every round's metrics compared.
+elementwise maxima (its path where autograd records nothing), alternated in this process, every round's metrics
+compared.
 
 For each method of a benchmark cell (its first tuning setting, as the cell's tuning sweep runs it) or each algorithm of
 an experiment file (its parameters' defaults), runs ``fedsweep.engine.run_local`` ``--repeats`` times each way and
-prints the times, their paired ratios (corners / kernel) and whether every value of every round is the same. Ratios
+prints the times, their paired ratios (elementwise / kernel) and whether every value of every round is the same. Ratios
 only: the machine's speed moves the seconds from day to day.
 
     FEDSWEEP_DATA_DIR=../shared/data FEDSWEEP_CONV=native ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=COMPATIBLE \\
@@ -56,23 +57,23 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--repeats", type=int, default=1, help="alternated pairs a method")
     ap.add_argument("--rounds", type=int, help="rounds instead of the file's (a short check)")
     args = ap.parse_args(argv)
-    corners, results = models.MaxPool2.forward, {}
+    elementwise, results = models.MaxPool2.forward, {}
     for name, cfg in configs(args.file, [m for m in args.methods.split(",") if m], args.rounds).items():
-        times, histories = {"kernel": [], "corners": []}, {}
+        times, histories = {"kernel": [], "elementwise": []}, {}
         for _ in range(args.repeats):
             for way, seconds in times.items():
-                models.MaxPool2.forward = nn.MaxPool2d.forward if way == "kernel" else corners
+                models.MaxPool2.forward = nn.MaxPool2d.forward if way == "kernel" else elementwise
                 try:
                     t = time.perf_counter()
                     histories[way] = run_local(cfg)[0]
                     seconds.append(time.perf_counter() - t)
                 finally:
-                    models.MaxPool2.forward = corners
-        ratios = [c / k for k, c in zip(times["kernel"], times["corners"])]
+                    models.MaxPool2.forward = elementwise
+        ratios = [c / k for k, c in zip(times["kernel"], times["elementwise"])]
         results[name] = {**{f"{w}_s": [round(s, 2) for s in v] for w, v in times.items()},
                          "ratios": [round(r, 3) for r in ratios], "median_ratio": round(statistics.median(ratios), 3),
-                         "same_metrics": same(histories["kernel"], histories["corners"])}
-        print(f"{name}: kernel {results[name]['kernel_s']} s, corners {results[name]['corners_s']} s, corners / kernel "
+                         "same_metrics": same(histories["kernel"], histories["elementwise"])}
+        print(f"{name}: kernel {results[name]['kernel_s']} s, elementwise {results[name]['elementwise_s']} s, elementwise / kernel "
               f"{results[name]['ratios']}, every metric of every round the same: {results[name]['same_metrics']}", flush=True)
     print(json.dumps(results))
     return results

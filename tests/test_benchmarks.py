@@ -112,7 +112,7 @@ def test_the_cnn_pool_script_times_both_poolings_and_finds_the_same_metrics(tmp_
     out = main([str(path), "--methods", "fedavg,ifca", "--rounds", "2"])
     assert sorted(out) == ["fedavg", "ifca"]
     for r in out.values():
-        assert r["same_metrics"] and len(r["kernel_s"]) == len(r["corners_s"]) == 1 and r["median_ratio"] > 0
+        assert r["same_metrics"] and len(r["kernel_s"]) == len(r["elementwise_s"]) == 1 and r["median_ratio"] > 0
     assert MaxPool2.forward is forward
 
 def test_the_peer_floor_times_the_rounds_of_the_grids_own_experiment(tmp_path):

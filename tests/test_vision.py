@@ -254,10 +254,11 @@ def test_a_cnn_pooled_after_its_last_convolution_is_pfl_researchs_simple_cnn_wit
 
 
 def test_a_cnns_max_pooling_without_autograd_gives_the_kernels_numbers():
-    """``models.MaxPool2``: where autograd records nothing (evaluations) it pools with the four corners' elementwise
-    maximum, PyTorch's kernel otherwise. Its values are the kernel's on windows with ties, NaN, -inf and odd sides, in
-    float32 and float64; with autograd its output and gradient are the kernel's; a whole CNN's logits, one model or
-    stacked rows (``FlatModel.rows``, vmap), are those of the same CNN with ``nn.MaxPool2d``, bit for bit."""
+    """``models.MaxPool2``: where autograd records nothing (evaluations) it pools with elementwise maxima (of each
+    window's two rows, then of its two columns), PyTorch's kernel otherwise. Its values are the kernel's on windows
+    with ties, -0.0, NaN, -inf and odd sides, in float32 and float64; with autograd its output and gradient are the
+    kernel's; a whole CNN's logits, one model or stacked rows (``FlatModel.rows``, vmap), are those of the same CNN
+    with ``nn.MaxPool2d``, bit for bit."""
     import copy
 
     import torch.nn.functional as F
