@@ -74,13 +74,15 @@ class MaxPool2(nn.MaxPool2d):
     6-11× as long (batches of 20, 600 and 4,096 images of LeNet-5's two layers, one thread). A maximum rounds
     nothing, so the values are the kernel's, NaN included; only where a window holds both -0.0 and +0.0 may the sign
     of that zero differ, which no product, sum, ReLU or softmax after it turns into a number other than a zero.
-    Training keeps the kernel (its indices route the gradient), so every step's numbers stay the same."""
+    Training keeps the kernel (its indices route the gradient), so every step's numbers stay the same, and so does
+    a GPU (its kernel not measured against this). Forward-mode AD under ``no_grad`` (``torch.func.jvp``) would take the
+    elementwise path, whose tangent at a tie is the tied inputs' mean: nothing in fedsweep uses it."""
 
     def __init__(self) -> None:
         super().__init__(2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.is_grad_enabled():
+        if torch.is_grad_enabled() or x.device.type != "cpu":
             return super().forward(x)
         h, w = x.shape[-2] // 2 * 2, x.shape[-1] // 2 * 2
         rows = torch.maximum(x[..., 0:h:2, :w], x[..., 1:h:2, :w])  # each window's two rows, then its two columns

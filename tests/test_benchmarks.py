@@ -98,7 +98,8 @@ def test_the_stack_width_script_times_every_width_of_both_models():
 
 def test_the_cnn_pool_script_times_both_poolings_and_finds_the_same_metrics(tmp_path):
     """``benchmarks/cnn_pool.py`` on a digits CNN (8×8 images, pooled once), two algorithms of an experiment file, a
-    few rounds: both ways timed, every round's metrics the same, the layer's own forward back in place after."""
+    few rounds, two repetitions (the order alternated): both ways timed, each way's own pooling run without autograd
+    (the evaluations; IFCA's losses), every round's metrics the same, the layer's own forward back in place after."""
     import yaml
 
     from benchmarks.cnn_pool import main
@@ -109,10 +110,12 @@ def test_the_cnn_pool_script_times_both_poolings_and_finds_the_same_metrics(tmp_
     path = tmp_path / "cnn.yaml"
     path.write_text(yaml.safe_dump(config_dict(model={"_replace": True, "name": "cnn", "channels": [4, 4], "hidden": [8],
                                                       "kernel_size": 3, "pool": "last"}, resources=None)))
-    out = main([str(path), "--methods", "fedavg,ifca", "--rounds", "2"])
+    out = main([str(path), "--methods", "fedavg,ifca", "--rounds", "2", "--repeats", "2"])
     assert sorted(out) == ["fedavg", "ifca"]
     for r in out.values():
-        assert r["same_metrics"] and len(r["kernel_s"]) == len(r["elementwise_s"]) == 1 and r["median_ratio"] > 0
+        assert r["same_metrics"] and len(r["kernel_s"]) == len(r["elementwise_s"]) == 2 and r["median_ratio"] > 0
+        assert r["no_grad_calls"]["kernel"] == r["no_grad_calls"]["elementwise"] > 0
+    assert out["ifca"]["no_grad_calls"]["kernel"] > out["fedavg"]["no_grad_calls"]["kernel"]  # IFCA scores its components
     assert MaxPool2.forward is forward
 
 def test_the_peer_floor_times_the_rounds_of_the_grids_own_experiment(tmp_path):
