@@ -21,8 +21,6 @@ import sys
 import time
 from pathlib import Path
 
-import yaml
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
@@ -31,14 +29,14 @@ from torch import nn
 from fedsweep import models
 from fedsweep.bench import load_bench
 from fedsweep.engine import run_local
-from fedsweep.loading import load_experiment, validate
+from fedsweep.loading import load_experiment, read_yaml, validate
 
 WAYS = ("kernel", "elementwise")
 
 
 def configs(path: str, names: list[str]) -> dict:
     """Method (or algorithm) name -> the config it runs."""
-    if "bench" in (yaml.safe_load(Path(path).read_text()) or {}):
+    if "bench" in read_yaml(path)[0]:  # the project's safe, bounded reader
         bench = load_bench(path, check_cluster=False)
         unknown = sorted(set(names) - set(bench.tunes))
         if unknown:

@@ -118,6 +118,7 @@ def test_the_cnn_pool_script_times_both_poolings_and_finds_the_same_metrics(tmp_
     assert out["ifca"]["no_grad_calls"]["kernel"] > out["fedavg"]["no_grad_calls"]["kernel"]  # IFCA scores its components
     assert MaxPool2.forward is forward
 
+
 def test_the_peer_floor_times_the_rounds_of_the_grids_own_experiment(tmp_path):
     """``benchmarks/pfl_peer.py``'s floor (a grid's rounds alone) runs the experiment each of the grid's trials runs:
     the grid's file at one of its settings, nothing else changed; and it measures a time."""
