@@ -225,7 +225,7 @@ def _check_seeds(bench: Bench, key: str, entry: dict[str, Any], folder: Path) ->
     """A method's recorded phases against the file's seeds now: tuning seeds changed, it is tuned again (a choice
     averaged over other seeds, or a final seed that tuned); final seeds changed, its final runs run again (a table's
     n must be its seeds'). A state written before the seeds were recorded takes them as they are."""
-    seeds = {"tuning": sorted(bench.sweep_section["seeds"]), "final": sorted(bench.settings.final_seeds)}
+    seeds = _seeds(bench)
     recorded = entry.get("seeds", seeds)
     for phase, gone in (("tuning", ("chosen", "tune_run", "final_run")), ("final", ("final_run",))):
         if recorded[phase] != seeds[phase] and any(g in entry for g in gone):
@@ -235,6 +235,20 @@ def _check_seeds(bench: Bench, key: str, entry: dict[str, Any], folder: Path) ->
                 entry.pop(g, None)
             break
     entry["seeds"] = seeds
+
+
+def _seeds(bench: Bench) -> dict[str, list[int]]:
+    """The file's tuning and final seeds, as ``bench_state.json`` records them for each method's runs."""
+    return {"tuning": sorted(bench.sweep_section["seeds"]), "final": sorted(bench.settings.final_seeds)}
+
+
+def tabled(bench: Bench, methods: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The methods whose final runs are this file's protocol, sorted: its settings and seeds as the runs had them. A
+    ``--methods`` run checks only its own methods (:func:`_check_seeds`), so the others are checked here: one whose
+    draws or seeds changed since its runs stays out of the tables (:func:`_absent_note` says why)."""
+    seeds = _seeds(bench)
+    return {k: e for k, e in sorted(methods.items()) if "final_run" in e and k in bench.tunes
+            and e.get("settings") == sorted(bench.sections[k]) and e.get("seeds", seeds) == seeds}
 
 
 def _choose_again(bench: Bench, methods: dict[str, dict[str, Any]], uri: str, experiment: str, folder: Path) -> None:
@@ -286,10 +300,8 @@ def write_tables(bench: Bench, state: dict[str, Any], uri: str, folder: Path) ->
     benchmark's MLflow run."""
     first = bench.first
     experiment, settings = first.trials[0].config.tracking.experiment, first.settings
-    # a method whose draws changed since its runs (left out of a --methods run's checks) is not read as this protocol's
     # methods sorted, runs by setting and seed: what a run writes, a resume that runs nothing writes byte for byte
-    done = {k: e for k, e in sorted(state["methods"].items())
-            if "final_run" in e and k in bench.tunes and e.get("settings") == sorted(bench.sections[k])}
+    done = tabled(bench, state["methods"])
     frames = []
     for run in dict.fromkeys(e["final_run"] for e in done.values()):
         # a method's final runs from its own final sweep: an earlier final sweep may hold the same setting's runs
@@ -341,6 +353,8 @@ def _absent_note(bench: Bench, methods: dict[str, dict[str, Any]], rows: set[str
             why[key] = "not tuned yet, or its tuning did not finish; --resume goes on"
         elif entry.get("settings") != sorted(bench.sections[key]):
             why[key] = "its settings changed since its runs; --resume runs it again"
+        elif entry.get("seeds", _seeds(bench)) != _seeds(bench):
+            why[key] = "its seeds changed since its runs; --resume runs it again"
         elif entry["chosen"].get(str(budget)) is None:
             why[key] = f"none of its first {budget} settings finished on every tuning seed"
         elif "final_run" not in entry:

@@ -240,10 +240,10 @@ def test_a_two_method_benchmark_tunes_equally_selects_on_validation_and_merges(r
         {state["fedprox"]["tune_run"], state["fedprox"]["final_run"]})
 
 
-def test_a_change_of_seeds_reruns_the_phases_it_touches_and_a_table_names_every_method_it_leaves_out(files, capsys):
+def test_a_change_of_seeds_reruns_the_phases_it_touches_and_a_table_leaves_out_and_names_runs_of_other_seeds(files, capsys):
     """bench_state.json records each method's seeds: tuning seeds changed, it is tuned again; final seeds changed, its
     final runs run again (the choice stays). Each reason a method is not in a table is written under it."""
-    from fedsweep.bench_run import _absent_note, _check_seeds
+    from fedsweep.bench_run import _absent_note, _check_seeds, tabled
 
     folder, a, _ = files
     bench = load_bench(a, check_cluster=False)
@@ -270,6 +270,13 @@ def test_a_change_of_seeds_reruns_the_phases_it_touches_and_a_table_names_every_
     assert "local: its final runs did not all finish" in _absent_note(bench, methods, set(), 3)
     assert "fedavg: a final run of its chosen setting did not finish" in _absent_note(bench, methods, set(), 3)
     assert _absent_note(bench, methods, {"fedavg", "local"}, 3) == ""
+    # a --methods run checks only its own methods' seeds: another method's runs on other seeds stay out of its tables
+    methods["local"].update(final_run="f", seeds={"tuning": [0], "final": [1, 2, 3]})
+    methods["fedavg"]["seeds"] = seeds
+    assert list(tabled(bench, methods)) == ["fedavg"]
+    assert "local: its seeds changed since its runs; --resume runs it again." in _absent_note(bench, methods, {"fedavg"}, 3)
+    methods["local"]["seeds"] = seeds
+    assert list(tabled(bench, methods)) == ["fedavg", "local"]
 
 
 def problems(path) -> str:

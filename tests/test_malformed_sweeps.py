@@ -18,6 +18,7 @@ import sys
 
 import numpy as np
 import pytest
+from pydantic import BaseModel
 
 from tests.conftest import ROOT
 
@@ -245,8 +246,22 @@ def test_malformed_sweep_file_exits_2_and_names_the_field(case, outcomes):
     assert o["seconds"] < 20, o["seconds"]  # refused in seconds (the first case also pays the imports)
 
 
-def test_there_are_cases_of_every_kind():
-    assert len(CASES) >= 70
+def test_the_corpus_names_a_field_of_every_section_and_each_kind_of_mistake():
+    """The cases' expected messages name a field of every top-level section of an experiment and of the sweep, and
+    cover each kind of mistake: the YAML itself (syntax, a tag, not a mapping), an unknown key, a value of the wrong
+    type or out of range, a grid, a distribution's form, and a case that needs a file beside the sweep file."""
+    from fedsweep.config import ExperimentConfig
+
+    expected = [case[1] for case in CASES.values()]
+    sections = [name for name, field in ExperimentConfig.model_fields.items()
+                if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)]
+    for section in {*sections, "data", "model", "algorithm", "sweep"}:
+        assert any(f"{section}." in e for e in expected), section
+    kinds = {"syntax": "yaml syntax", "tag": "python tag", "mapping": "not a mapping", "unknown key": "unknown top key",
+             "type": "wrong type", "range": "rate above 1", "grid": "grid over missing field",
+             "distribution": "unknown distribution form"}
+    assert all(case in CASES for case in kinds.values()), set(kinds.values()) - set(CASES)
+    assert any(len(case) > 2 for case in CASES.values())  # a case whose folder holds other files
 
 
 @pytest.mark.parametrize("command", ["validate", "run"])
