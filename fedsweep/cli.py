@@ -116,7 +116,7 @@ def _run(args, tracker) -> int:
             bar.close()
         name_run(print)  # known by the end (a run shorter than the run's creation), also of a run that failed
     if history and history[-1].get("diverged"):
-        print(f"diverged at round {int(history[-1]['round'])}: the global model is not finite", file=sys.stderr)
+        print(f"diverged at round {int(history[-1]['round'])}: the global model, or a client's, is not finite", file=sys.stderr)
         return EXIT_FAILED
     return 0
 

@@ -196,6 +196,20 @@ def test_divergence_is_flagged_and_evaluated():
     assert "personalized_accuracy_mean" in m  # evaluated although not on the cadence
 
 
+@pytest.mark.parametrize("name", ["local", "fedamp"])
+def test_a_method_whose_models_live_on_the_clients_diverges_at_the_evaluation_that_finds_one_non_finite(name):
+    """Local and FedAMP hand the server's vector back unchanged: their divergence shows only in the clients' models,
+    whose NaN class scores argmax would score as predictions of class 0. The first evaluation after it says so, and
+    the run (run_local, as a trial runs) stops there."""
+    cfg = validate(config_dict(algorithm={"_replace": True, "name": name, "local_lr": 1e30, "local_steps": 5},
+                               rounds=6, eval_every=3))
+    history, server = run_local(cfg)
+    last = history[-1]
+    assert last.get("diverged") == 1.0 and last["round"] == 3.0 and len(history) == 4
+    assert math.isnan(last["personalized_loss_mean"])
+    assert bool(torch.isfinite(server.params).all())  # the server's vector stayed finite: not what flagged it
+
+
 @pytest.mark.parametrize("algorithm", [
     {"name": "scaffold", "local_lr": 0.05, "participation_rate": 0.6},  # client and server control variates
     {"name": "feddyn", "local_lr": 0.05, "participation_rate": 0.6},
