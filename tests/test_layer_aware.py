@@ -107,6 +107,14 @@ def test_fedamp_sends_each_client_its_attention_weighted_cloud_model():
     assert torch.allclose(server_state["models"][0], step)  # stored for the next round's attention
     assert torch.equal(server_state["models"][1:], models[1:])
     assert algo.global_model(torch.zeros(2), server_state) is None
+    # held-out clients (the last rows, never trained) are no part of a trained client's cloud model
+    _, two = algo.server_update(torch.zeros(2), [ClientMessage(0, 3, msg)], state, 2)  # the federation: clients 0, 1
+    rows = two["models"][:2]
+    assert torch.allclose(algo.client_payload(0, torch.zeros(2), two)["cloud"],
+                          attention_weights(rows, 0, alpha=0.5, sigma=1.0) @ rows)
+    held_out = torch.stack([rows[0], rows[1], two["models"][2]])  # a held-out client's own: the federation and its row
+    assert torch.allclose(algo.client_payload(2, torch.zeros(2), two)["cloud"],
+                          attention_weights(held_out, 2, alpha=0.5, sigma=1.0) @ held_out)
 
 
 def test_local_sends_nothing_and_trains_alone():

@@ -1,7 +1,8 @@
 """FedAMP (Huang, Chu, Zhou, Wang, Liu, Pei, Zhang, 2021): attentive message passing between clients' models.
 
 The server keeps every client's latest personalized model w_j (the seeded initialization until j first trains).
-Before client i trains in round k it receives its own cloud model (Eq. 6-7)
+Before client i trains in round k it receives its own cloud model (Eq. 6-7), j over the federation's clients: the
+clients held out of training (``unseen_fraction``), whose rows stay at the initialization, are no part of it
 
     u_i = Σ_j ξ_ij w_j,   ξ_ij = α_k A′(‖w_i − w_j‖²) (j ≠ i),   ξ_ii = 1 − Σ_{j≠i} ξ_ij,
 
@@ -13,7 +14,9 @@ with A(x) = 1 − exp(−x/σ), so A′(x) = exp(−x/σ)/σ: models closer to w
 starting from its own w_i (the paper's argmin names no starting point; PFLlib's ``clientAMP.train`` trains the
 client's own model, which we follow), keeps w_i ← w and sends it; the server stores it. α_k = α is constant here.
 Each client gets its own u_i (P floats down) and sends w_i (P floats up); there is no global model, and a client is
-scored with its own w_i. Reads: β (``local_lr``), λ (``coupling``), α (``attention_step``), σ, τ, r.
+scored with its own w_i. Reads: β (``local_lr``), λ (``coupling``), α (``attention_step``), σ, τ, r. As in the paper
+(and PFLlib's ``serveramp``), nothing bounds α Σ_{j≠i} A′(‖w_i − w_j‖²) by 1: with models close together and a large α,
+ξ_ii is negative and u_i lies beyond w_i rather than between the models (the paper asks for a small α_k).
 """
 
 from __future__ import annotations
@@ -56,7 +59,12 @@ class FedAMP(Local):
 
     def client_payload(self, client_id: int, global_params: torch.Tensor, server_state: State) -> State:
         models = server_state["models"]
-        return {"cloud": attention_weights(models, client_id, self.hp.attention_step, self.hp.sigma) @ models}
+        # the federation's rows (the count server_update is given; before the first aggregation every row is the
+        # initialization, and which rows enter changes nothing), and client_id's own if it is held out
+        rows = models[: int(server_state["members"])] if "members" in server_state else models
+        if client_id >= len(rows):
+            rows, client_id = torch.cat([rows, models[client_id : client_id + 1]]), len(rows)
+        return {"cloud": attention_weights(rows, client_id, self.hp.attention_step, self.hp.sigma) @ rows}
 
     def client_update(self, ctx: ClientContext, payload: State, state: State) -> tuple[State, State, dict[str, float]]:
         u, pull = payload["cloud"], self.hp.coupling / self.hp.attention_step
@@ -69,4 +77,4 @@ class FedAMP(Local):
         models = server_state["models"].clone()
         for m in messages:
             models[m.client_id] = m.payload["params"]
-        return global_params, {"models": models}
+        return global_params, {"models": models, "members": torch.tensor(num_clients)}
