@@ -41,12 +41,15 @@ def compare(new: Path, old: Path, budget: int) -> dict:
     move = (100 * (same[metric] - same[f"{metric}_old"])).abs()
     moved = move[move > 0]
     worst = same.loc[moved.idxmax()] if len(moved) else None
-    tables = {f: pd.read_csv(f / f"table_b{budget}.csv").set_index("algorithm").loc[both] for f in (new, old)}
+    tables = {f: pd.read_csv(f / f"table_b{budget}.csv").set_index("algorithm") for f in (new, old)}
+    # the rows both tables hold (a method whose chosen setting diverged on a final seed has none)
+    rowed = [k for k in both if all(k in t.index for t in tables.values())]
+    tables = {f: t.loc[rowed] for f, t in tables.items()}
     means = {f: 100 * t[f"{metric} mean"] for f, t in tables.items()}
     rows = (means[new] - means[old]).abs()  # a row moved when its mean differs at all (its runs did not all repeat)
-    outside = [k for k in both if rows[k] > 100 * tables[old].loc[k, f"{metric} ci95"]]
+    outside = [k for k in rowed if rows[k] > 100 * tables[old].loc[k, f"{metric} ci95"]]
     return {
-        "methods": len(both),
+        "methods": len(both), "rows": len(rowed),
         "choices_moved": [k for k in both if chosen[new][k] != chosen[old][k]],
         "runs_compared": len(same), "runs_equal": int((move == 0).sum()), "runs_moved": len(moved),
         "run_move_median": float(moved.median()) if len(moved) else 0.0, "run_move_max": float(moved.max()) if len(moved) else 0.0,
@@ -85,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"budget {budget}: {len(d['choices_moved'])} of {d['methods']} choices moved {d['choices_moved']}; "
               f"of {d['runs_compared']} final runs of a setting both ran, {d['runs_equal']} equal, {d['runs_moved']} moved "
               f"(median {d['run_move_median']:.3f}, at most {d['run_move_max']:.3f} points: {d['run_move_max_at']}); "
-              f"{d['rows_moved']} of {d['methods']} rows moved ({d['rows_moved_shown']} in the two decimals shown), at most {d['row_move_max']:.2f} ({d['row_move_max_at']}), "
+              f"{d['rows_moved']} of {d['rows']} rows moved ({d['rows_moved_shown']} in the two decimals shown), at most {d['row_move_max']:.2f} ({d['row_move_max_at']}), "
               f"outside their old CI: {d['rows_outside_old_ci']}; Spearman {d['spearman']:.3f}; "
               f"top five {d['top5']['new']} (before {d['top5']['old']})")
     if args.docs:

@@ -50,6 +50,17 @@ def test_a_moved_choice_a_moved_run_and_the_rows_they_move(cells):
     assert d["spearman"] == pytest.approx(1.0) and d["top5"]["new"] == d["top5"]["old"] == ["a", "b", "c"]
 
 
+def test_a_method_without_a_row_in_one_table_is_compared_by_its_choice_and_runs_only(cells):
+    """A method whose chosen setting diverged on a final seed has a choice and runs but no table row (the CIFAR-10
+    pathological cut's PFLScaf (MAML)): its choice and runs are compared, the rows of the others."""
+    new, old = cells
+    table = pd.read_csv(new / "table_b16.csv")
+    table[table["algorithm"] != "c"].to_csv(new / "table_b16.csv", index=False)
+    d = compare(new, old, 16)
+    assert (d["methods"], d["rows"], d["runs_compared"]) == (3, 2, 6) and d["rows_moved"] == 2
+    assert d["top5"]["new"] == ["a", "b"] and d["top5"]["old"] == ["a", "b"]
+
+
 def test_a_row_that_moves_in_its_third_decimal_moved_but_not_in_the_two_shown(tmp_path):
     """A row whose mean moves by less than the table shows counts as moved, and not among those the reader sees
     move (93.816 and 93.819 both show 93.82; 93.814 shows 93.81)."""

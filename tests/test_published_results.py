@@ -149,9 +149,12 @@ def test_every_run_of_a_cell_whose_file_declares_kernels_names_them(file):
     (``runs/``) and final, names them in its ``platform`` column, so `--resume` owes nothing again."""
     bench = load_bench(file, check_cluster=False)
     folder = RESULTS / bench.name
-    paths = sorted(folder.glob("final_runs_b*.csv")) + sorted((folder / "runs").glob("*.csv"))
-    # each budget's final runs, and the runs of its two sweeps (tuning, final seeds)
-    assert len(paths) == 1 + len(bench.settings.budgets) + 2, [p.name for p in paths]
+    finals, phases = sorted(folder.glob("final_runs_b*.csv")), sorted((folder / "runs").glob("*.csv"))
+    # each budget's final runs, and the runs of the phases its state names: the whole cell's two sweeps (tuning,
+    # final seeds), and two more for a method run again alone (FedAMP since 4646042); nothing else
+    named = {e[k] for e in read_state(folder)["methods"].values() for k in ("tune_run", "final_run") if k in e}
+    assert len(finals) == 1 + len(bench.settings.budgets) and {p.stem for p in phases} == named, (finals, phases, named)
+    paths = finals + phases
     for path in paths:
         platforms = set(read_runs(str(path))[0]["platform"])
         assert platforms and all(names_kernels(p, bench.settings.kernels) for p in platforms), (path.name, platforms)
