@@ -11,8 +11,10 @@ Server (m = number of clients, P_t the sampled ones):
     g^{t+1} = g^t − (λ/m) Σ_{i∈P_t} (w_i^{t+1} − w^t)
     w^{t+1} = (1/|P_t|) Σ_{i∈P_t} w_i^{t+1} − g^{t+1}/λ
 
-λ is the papers' α. Unsampled clients keep g_i frozen. Reads: β (``local_lr``), λ
-(``regularization``), τ, r, and the transform's η (α).
+λ is the papers' α. Unsampled clients keep g_i frozen. The model scored (the global model, and the one a client
+personalizes at evaluation) is w^{t+1} as the papers write it; the authors' code (alpemreacar/PFL, ``train_dyn_model``'s
+callers) sends w^{t+1} but scores the plain mean of the sampled models, which may part our numbers from their tables.
+Reads: β (``local_lr``), λ (``regularization``), τ, r, and the transform's η (α).
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ Client i, from the server model x and control variate c, with its own control va
     c_i⁺ = c_i − c + (x − y) / (K β)
     sends Δy = y − x and Δc = c_i⁺ − c_i (two vectors: two transmissions each way)
 
-Server: x ← x + η_g Σ_{i∈S} p_i Δy_i,  c ← c + (1/N) Σ_{i∈S} Δc_i.
+Server: x ← x + η_g Σ_{i∈S} p_i Δy_i,  c ← c + (1/N) Σ_{i∈S} Δc_i, with p_i the aggregation weights: by sample
+count by default, as for every method here (``aggregation``); both papers' 1/|S| is ``aggregation: uniform`` (the
+same on the PFL ACID files, whose devices hold 500 images each).
 With c = c_i = 0 (the first round) the client step is FedAvg's. A client's c_i only changes when
 it is sampled. Reads: β (``local_lr``), τ, r, η_g (``global_lr``), and the transform's η (α).
 """
