@@ -4,6 +4,8 @@ this process (:class:`InProcessRunner`), both through :func:`execute`."""
 from __future__ import annotations
 
 import functools
+import os
+import sys
 from collections.abc import Callable, Container, Iterator
 from contextlib import ExitStack
 from typing import TYPE_CHECKING
@@ -48,6 +50,10 @@ def start_local_ray(**kwargs) -> None:
     instance took to stop (0.1-0.4 s without it; docs/performance.md, "Fifty-first session")."""
     from ray._private import parameter
 
+    if os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":  # tests/test_actors.py: the agents take jobs then
+        print("fedsweep: RAY_AUTH_MODE=disabled: this Ray instance's agents listen on the machine's network address and "
+              "run a job anyone there submits (Ray binds them so; its token authentication is what refuses them)",
+              file=sys.stderr)
     ray_params = parameter.RayParams
     parameter.RayParams = functools.partial(ray_params, dashboard_agent_listen_port=0, no_monitor=True)
     try:

@@ -86,3 +86,20 @@ class Storage:
             self.fs.delete_dir(path)
         except FileNotFoundError:
             pass
+
+    def others_could_write(self, folder: str) -> list[str]:
+        """In a local ``folder`` that ``--resume`` restores from: the folder itself and each file directly in it
+        (Tune's ``tuner.pkl`` and ``experiment_state-*.json``, which Ray unpickles with no restriction) that another
+        user could have written, owned by another user or writable by its group or by anyone, each as "path (why)".
+        [] for an object store, whose permissions are its own (the README says ``--resume`` trusts it)."""
+        if self.is_uri:
+            return []
+        me, out = os.getuid(), []
+        for path in [Path(folder), *sorted(p for p in Path(folder).iterdir() if p.is_file())]:
+            st = path.lstat()
+            if st.st_uid != me:
+                out.append(f"{path} (owned by user {st.st_uid})")
+            elif st.st_mode & 0o022:
+                who = " and ".join(w for w, bit in (("its group", 0o020), ("anyone", 0o002)) if st.st_mode & bit)
+                out.append(f"{path} (writable by {who}: mode {st.st_mode & 0o777:o})")
+        return out

@@ -306,6 +306,10 @@ def find_resumable(sweep: Sweep, storage: Storage) -> tuple[str, dict]:
         folder = posixpath.dirname(state_file)
         if state.get("yaml_sha1") == sweep.source_hash() and tune.Tuner.can_restore(
                 folder, storage_filesystem=storage.tune_location()[1]):
+            if unsafe := storage.others_could_write(folder):  # Tune unpickles them: code another user put there
+                raise ConfigError([(f"{sweep.path}: sweep.storage_path: refusing to resume from {folder}: Ray Tune "
+                                    f"unpickles its files, and another user could have written {'; '.join(unsafe)}; "
+                                    "allowed: a folder and files only you can write (chmod go-w)")])
             return folder, state
     raise ConfigError([
         f"{sweep.path}: sweep.storage_path: nothing to resume — no restorable Tune experiment of sweep "

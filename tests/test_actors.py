@@ -399,3 +399,33 @@ def test_a_checkpoint_loaded_into_reset_actors_continues_with_the_same_numbers(r
     local, server = run_local(cfg)
     assert start == 3 and strip_time(history) == local[3:]
     assert torch.equal(params, server.params)
+
+
+def test_the_local_instances_network_ports_refuse_a_job_without_rays_token(ray_session):
+    """Ray binds its agents' HTTP servers and its gRPC servers to the machine's address, not 127.0.0.1, whatever
+    ``ray.init`` is told (``_node_ip_address`` moves none of them): what keeps a neighbour on the network from
+    submitting a job to a local instance fedsweep starts is Ray's token authentication, on by default in Ray 2.60
+    and never turned off here. A job posted to each listening agent without the token is refused."""
+    import http.client
+    import json
+    import urllib.error
+    import urllib.request
+
+    import psutil
+
+    agents = [c.laddr for p in psutil.Process().children(recursive=True) if "DashboardAgent" in p.name()
+              for c in p.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN]
+    host = socket.gethostbyname(socket.gethostname())
+    answers = {}
+    for addr in agents:
+        request = urllib.request.Request(f"http://{host if addr.ip in ('0.0.0.0', '::') else addr.ip}:{addr.port}"
+                                         "/api/job_agent/jobs/", data=json.dumps({"entrypoint": "echo x"}).encode(),
+                                         headers={"Content-Type": "application/json"})
+        try:
+            answers[addr] = urllib.request.urlopen(request, timeout=5).status
+        except urllib.error.HTTPError as e:
+            answers[addr] = e.code
+        except (http.client.HTTPException, OSError) as e:  # a gRPC port, which speaks no HTTP/1.1
+            answers[addr] = type(e).__name__
+    assert agents and 401 in answers.values(), answers  # the job agent: "Missing authentication token"
+    assert not any(isinstance(code, int) and code < 400 for code in answers.values()), answers  # none took the job

@@ -236,3 +236,38 @@ def test_a_diverging_setting_stops_alone_and_the_table_reports_it(ray_session, t
     printed = capsys.readouterr().out
     assert "| fedavg | local_lr=0.1 | 2 | 1 |" in printed  # both settings tried; the finite one is best
     assert "Diverged" in printed and "| fedavg | local_lr=1e+30 | 1/1 |" in printed
+
+
+def test_resume_refuses_a_tune_folder_another_user_could_have_written(tmp_path, monkeypatch):
+    """``--resume`` hands the chosen Tune folder to ``Tuner.restore``, which unpickles ``tuner.pkl`` and the
+    experiment state with no restriction: a folder or file there that its group or anyone may write (or another
+    user owns) is refused by name before anything runs, and the same folder made private is taken."""
+    import json
+    import os
+
+    from fedsweep.config import ConfigError
+    from fedsweep.storage import Storage
+    from fedsweep.sweep import SWEEP_STATE, find_resumable
+
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({**config_dict(), "sweep": {"name": "s", "seeds": [0],
+                                                               "storage_path": str(tmp_path / "store")}}))
+    sweep = load_sweep(str(path), check_cluster=False)
+    folder = tmp_path / "store" / "s-20261206-000000"
+    folder.mkdir(parents=True)
+    (folder / "tuner.pkl").write_bytes(b"")  # what Tune's can_restore looks for
+    (folder / SWEEP_STATE).write_text(json.dumps({"yaml_sha1": sweep.source_hash(), "parent_run_id": "x"}))
+    for p in (folder, *folder.iterdir()):
+        p.chmod(0o700 if p.is_dir() else 0o600)
+    storage = Storage(str(tmp_path / "store"))
+    assert find_resumable(sweep, storage)[0] == str(folder) and storage.others_could_write(str(folder)) == []
+    (folder / "tuner.pkl").chmod(0o664)
+    with pytest.raises(ConfigError, match=r"sweep.storage_path: refusing to resume .*tuner.pkl \(writable by its group"):
+        find_resumable(sweep, storage)
+    (folder / "tuner.pkl").chmod(0o600)
+    folder.chmod(0o777)
+    assert storage.others_could_write(str(folder)) == [f"{folder} (writable by its group and anyone: mode 777)"]
+    folder.chmod(0o700)
+    uid = os.getuid()
+    monkeypatch.setattr(os, "getuid", lambda: uid + 1)  # as another user would see the folder: not theirs
+    assert storage.others_could_write(str(folder))[0] == f"{folder} (owned by user {uid})"

@@ -316,7 +316,8 @@ def test_an_optuna_search_of_8_samples_runs_reproducibly_each_setting_on_every_s
 def test_an_optuna_search_state_restores_to_the_same_draws_and_refuses_any_other_global(tmp_path):
     """A study saved after trials completed (every kind of distribution, past TPE's 10 random starts) and restored
     in a new searcher draws what the saved one draws next; a state that names anything else (here os.system) is
-    refused by name before it is called (fedsweep.safe_pickle), and the searcher keeps its own state."""
+    refused by name before it is called (fedsweep.safe_pickle), as is a call of an allowed class with arguments (its
+constructor may act), and the searcher keeps its own state."""
     import os
     import pickle
 
@@ -343,6 +344,19 @@ def test_an_optuna_search_state_restores_to_the_same_draws_and_refuses_any_other
     with pytest.raises(pickle.UnpicklingError, match=r"refusing to load posix.system: .*bad.pkl is a sweep's Optuna search state"):
         fresh.restore(str(tmp_path / "bad.pkl"))
     assert not (tmp_path / "pwned").exists() and fresh.counter == 0
+    # a class the state may hold is not called with arguments of the file's choosing: Study(name, storage URL) would
+    # open, and create, a database (GLOBAL, two strings, TUPLE, REDUCE, as a hand-written pickle has them)
+    db = tmp_path / "made.db"
+    study = b"coptuna.study.study\nStudy\n(Vs\nVsqlite:///" + str(db).encode() + b"\ntR."
+    (tmp_path / "call.pkl").write_bytes(study)
+    with pytest.raises(pickle.UnpicklingError, match=r"refusing to call optuna.study.study.Study with arguments"):
+        fresh.restore(str(tmp_path / "call.pkl"))
+    assert not db.exists() and fresh.counter == 0
+    old = b"(Vs\nVsqlite:///" + str(db).encode() + b"\nioptuna.study.study\nStudy\n."  # MARK, two strings, INST
+    (tmp_path / "inst.pkl").write_bytes(old)
+    with pytest.raises(pickle.UnpicklingError, match=r"refusing to call optuna.study.study.Study with arguments"):
+        fresh.restore(str(tmp_path / "inst.pkl"))
+    assert not db.exists()
 
 
 def test_an_optuna_search_is_checked_at_the_edges_of_its_space_before_it_starts(tmp_path, monkeypatch):

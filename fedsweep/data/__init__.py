@@ -78,7 +78,8 @@ class LabelSkewPartition(StrictModel):
 
 
 class DirichletPartition(StrictModel):
-    """Each class divided among the clients in Dir(concentration) proportions (Hsu et al. 2019)."""
+    """Each class divided among the clients in Dir(concentration) proportions drawn over the clients (PFLlib's and
+    pFL-Bench's scheme)."""
 
     name: Literal["dirichlet"] = "dirichlet"
     concentration: float = Field(0.5, gt=0, description="Dirichlet concentration; small = few classes per client")
@@ -398,7 +399,9 @@ def build_federated_dataset(cfg: SyntheticConfig | DigitsConfig | ImageConfig, i
     the same split without the pixels (1.5 s of a 16-trial MNIST sweep's start went to converting them)."""
     ds = _build(cfg, inputs)
     if cfg.validation_fraction > 0:
-        rng = np.random.default_rng([cfg.seed, 3])  # a stream of its own: the shards are those of fraction 0
+        # the stream [seed, 3], also the subsample's (see _build; different lengths, so their draws do not line up):
+        # the shards are those of fraction 0
+        rng = np.random.default_rng([cfg.seed, 3])
         ds.clients = [_hold_out(c, i, cfg.validation_fraction, rng) for i, c in enumerate(ds.clients)]
     return ds
 

@@ -261,8 +261,10 @@ def dirichlet_proportions(num_classes: int, num_clients: int, concentration: flo
 
 
 def dirichlet(labels: np.ndarray, num_clients: int, concentration: float, rng: np.random.Generator) -> list[np.ndarray]:
-    """Label-distribution skew (Hsu et al. 2019): each class's shuffled samples are cut among the clients
-    in the proportions of a Dirichlet draw; small ``concentration`` = few classes per client."""
+    """Label-distribution skew: each class's shuffled samples are cut among the clients in the proportions of a
+    Dirichlet draw over the clients (the per-class scheme of PFLlib, pFL-Bench and NIID-Bench; Hsu et al. 2019 draw
+    each client's mix over the classes instead); small ``concentration`` = few classes per client. No redraw: a
+    client may get very few samples (fewer than 2 is refused when the split is built)."""
     classes = np.unique(labels)
     props = dirichlet_proportions(len(classes), num_clients, concentration, rng)
     parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
