@@ -437,7 +437,7 @@ def compact_markdown(tables: dict[int, pd.DataFrame], metric: str) -> str:
     metric, its 10th percentile and worst client, the global model's, transmissions, the unseen clients' score
     when some were held out), beside the metric and the rank its smaller-budget choices got. Percent, mean ± 95%
     CI; "—" where a method has no global model."""
-    from fedsweep.table import _pm
+    from fedsweep.table import _pm, md
 
     budgets = sorted(tables, reverse=True)
     full = tables[budgets[0]]
@@ -450,7 +450,7 @@ def compact_markdown(tables: dict[int, pd.DataFrame], metric: str) -> str:
     ranks = {b: t[f"{metric} mean"].rank(ascending=tables[b].attrs.get("mode", "max") != "max", method="min")
              for b, t in smaller.items()}
     for i, r in full.iterrows():
-        cells = [str(i + 1), r["algorithm"], r["best setting"]]
+        cells = [str(i + 1), md(r["algorithm"]), md(r["best setting"])]
         # a column is missing when no method of the table has the metric (no global model among them): "—"
         cells += [_pm(r.get(f"{m} mean", float("nan")), r.get(f"{m} ci95", float("nan")), True)
                   for m in (metric, *BENCH_METRICS[1:4])]

@@ -86,6 +86,16 @@ def cmd_table(args) -> int:
     sources = _table_sources(args)
     if sources is None:
         return EXIT_BAD_INPUT
+    if len(sources) > 1 and (twice := sorted({label for label, _, _ in sources if [s[0] for s in sources].count(label) > 1})):
+        print(f"error: --from-runs/--experiment: {', '.join(twice)} given more than once (a merged table has one column "
+              "per source, named by its benchmark or experiment); allowed: each source once", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    ranking = {(args.metric or t.get("fedsweep.metric", "personalized_accuracy_mean"), args.mode or t.get("fedsweep.mode", "max"))
+               for _, _, t in sources}
+    if len(ranking) > 1:
+        print(f"error: the sources rank by different metrics or modes ({', '.join(f'{m} {o}' for m, o in sorted(ranking))}); "
+              "a merged table ranks every source alike: give --metric and --mode", file=sys.stderr)
+        return EXIT_BAD_INPUT
     tables = []
     for label, runs, sweep_tags in sources:
         metric = args.metric or sweep_tags.get("fedsweep.metric", "personalized_accuracy_mean")

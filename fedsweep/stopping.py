@@ -46,7 +46,8 @@ class MarkingASHA(ASHAScheduler):
 
     def on_trial_result(self, tune_controller, trial, result: dict) -> str:
         decision = super().on_trial_result(tune_controller, trial, result)
-        if decision == self.STOP and "round" in result:
+        # a result that diverged ends its trial anyway, FAILED: the scheduler's stop is not what ended it
+        if decision == self.STOP and "round" in result and not result.get("diverged"):
             self._untagged.append((trial.trial_id, int(result["round"])))
         with contextlib.suppress(Exception):  # the tracking server is away: the next decision tries again
             mlflow = client(self._tracking["uri"]) if self._untagged else None
@@ -67,6 +68,8 @@ def mark_stopped_early(tracking: dict[str, str]) -> set[str]:
     FINISHED with outcome stopped_early. Returns their trials' ids."""
     mlflow = client(tracking["uri"])
     tagged = sweep_runs(mlflow, tracking, f" and tags.`{STOPPED_AFTER}` LIKE '%'")
+    # a run that diverged keeps its outcome: the scheduler's tag may have come first (its stop at the same round)
+    tagged = [run for run in tagged if run.data.tags.get(f"{TAG_PREFIX}outcome") != "diverged"]
     for run in tagged:
         if run.data.tags.get(f"{TAG_PREFIX}outcome") != STOPPED_EARLY:
             set_shared_tag(mlflow, run.info.run_id, f"{TAG_PREFIX}outcome", STOPPED_EARLY)

@@ -183,7 +183,7 @@ def best_settings(runs: pd.DataFrame, metric: str, mode: str = "max", group_by: 
     missing = [p for p in group_by if f"param:{p}" not in runs.columns]
     if missing:
         raise KeyError(f"group-by parameter(s) {missing} not logged by these runs")
-    rows = []
+    rows, incomplete, unranked = [], {}, []
     keys = ["algorithm"] + [f"param:{p}" for p in group_by]
     for key, tried in runs.fillna({k: "" for k in keys}).groupby(keys, sort=True):
         if budget is not None:
@@ -192,9 +192,17 @@ def best_settings(runs: pd.DataFrame, metric: str, mode: str = "max", group_by: 
         # a setting any of whose seeds diverged or was stopped early is not eligible (listed below the table)
         group = tried[~tried["setting"].isin(tried.loc[tried["outcome"] != "finished", "setting"])]
         stopped = int((tried["outcome"] == STOPPED_EARLY).sum())
-        if group.empty:
+        # a setting without a run of every seed its group ran (one crashed, or is running) is not eligible either
+        seeds = group.groupby("setting")["seed"].agg(frozenset)
+        short = seeds[seeds != frozenset().union(*seeds)].index
+        if len(short):
+            incomplete[key[0]] = incomplete.get(key[0], 0) + len(short)
+            group = group[~group["setting"].isin(short)]
+        by_setting = group.groupby("setting")[ranked].mean().dropna()  # a method may not log it (no global model)
+        if by_setting.empty:
+            if not group.empty:
+                unranked.append(key[0])
             continue
-        by_setting = group.groupby("setting")[ranked].mean()
         best = by_setting.idxmax() if mode == "max" else by_setting.idxmin()
         chosen = group[group["setting"] == best]
         split = ", ".join(f"{p}={v}" for p, v in zip(group_by, key[1:]))
@@ -221,7 +229,8 @@ def best_settings(runs: pd.DataFrame, metric: str, mode: str = "max", group_by: 
         row["setting key"] = best  # fedsweep.setting of its runs: what the report and the analyst filter on
         rows.append(row)
     table = pd.DataFrame(rows)
-    table.attrs.update(select_on=select_on, ranked_by=ranked, metric=metric, budget=budget, mode=mode)
+    table.attrs.update(select_on=select_on, ranked_by=ranked, metric=metric, budget=budget, mode=mode,
+                       incomplete=incomplete, unranked=sorted(set(unranked)))
     return table
 
 
@@ -238,6 +247,11 @@ def selection_line(table: pd.DataFrame) -> str:
                      f"(trial order); 'settings tried' counts those.")
     if "stopped early" in table.columns:
         lines.append("'stopped early': trials a scheduler stopped before their last round; their settings are never chosen.")
+    if incomplete := table.attrs.get("incomplete"):
+        lines.append("Not chosen, a seed's run missing (crashed, or still running): " + ", ".join(
+            f"{n} setting(s) of {a}" for a, n in sorted(incomplete.items())) + ".")
+    if unranked := table.attrs.get("unranked"):
+        lines.append(f"No value of {table.attrs['ranked_by']}, so no row: {', '.join(unranked)}.")
     return "\n".join(lines)
 
 
@@ -255,8 +269,13 @@ def diverged_settings(runs: pd.DataFrame) -> str:
              "| algorithm | setting | seeds diverged |", "|---|---|---|"]
     for (algorithm, setting), group in bad.groupby(["algorithm", "setting"], sort=True):
         total = int(((runs["algorithm"] == algorithm) & (runs["setting"] == setting)).sum())
-        lines.append(f"| {algorithm} | {group['setting_label'].iloc[0]} | {len(group)}/{total} |")
+        lines.append(f"| {md(algorithm)} | {md(group['setting_label'].iloc[0])} | {len(group)}/{total} |")
     return "\n".join(lines)
+
+
+def md(text: object) -> str:
+    """A markdown table cell: its text, a "|" escaped (a setting label may hold one)."""
+    return str(text).replace("|", "\\|")
 
 
 def _pm(mean: float, half: float, percent: bool, digits: int = 4, missing: str = "—") -> str:
@@ -284,7 +303,7 @@ def to_markdown(table: pd.DataFrame) -> str:
     ] + (["seeds reaching target"] if target else [])
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for _, r in table.iterrows():
-        cells = [str(r["algorithm"]), str(r["best setting"]), str(r["settings tried"]), str(r["seeds"])]
+        cells = [md(r["algorithm"]), md(r["best setting"]), str(r["settings tried"]), str(r["seeds"])]
         cells += [str(r["stopped early"])] if stopped else []
         cells += [
             _pm(r[f"{m} mean"], r[f"{m} ci95"], m not in TARGET_COLUMNS and "accuracy" in m, DIGITS.get(m, 4),
@@ -324,11 +343,15 @@ def merged_markdown(merged: pd.DataFrame) -> str:
         return "(no finished runs)"
     labels = [c[: -len(" mean")] for c in merged.columns if c.endswith(" mean")]
     percent = "accuracy" in merged.attrs.get("metric", "accuracy")
-    head = ["algorithm", *labels, "mean rank"]
+    head = ["algorithm", *map(md, labels), "mean rank"]
     title = (f"{merged.attrs.get('metric', '')}{' (%)' if percent else ''}: mean ± 95% CI over seeds, each dataset's own "
              "best setting per method")
     lines = [title, "", "| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for _, r in merged.iterrows():
-        cells = [str(r["algorithm"]), *(_pm(r[f"{x} mean"], r[f"{x} ci95"], percent) for x in labels), f"{r['mean rank']:.1f}"]
+        cells = [md(r["algorithm"]), *(_pm(r[f"{x} mean"], r[f"{x} ci95"], percent) for x in labels), f"{r['mean rank']:.1f}"]
         lines.append("| " + " | ".join(cells) + " |")
+    rows = merged[[f"{x} mean" for x in labels]].notna().sum(axis=1)
+    if (rows < len(labels)).any():  # a mean over fewer cells is not the others' mean: said
+        fewer = ", ".join(f"{md(a)} ({k} of {len(labels)})" for a, k in zip(merged["algorithm"], rows) if k < len(labels))
+        lines += ["", f"A method's mean rank is over the cells it has a row in: {fewer}."]
     return "\n".join(lines)

@@ -168,3 +168,48 @@ def test_a_table_rebuilds_from_its_saved_runs_without_the_store(store, tmp_path,
     assert main(["table", "--from-runs", saved, "--from-runs", saved, "--runs-output", saved]) == 2
     assert main(["table", "--from-runs", str(tmp_path / "none.csv")]) == 2
     assert "cannot be read as saved runs" in capsys.readouterr().err
+
+
+def test_a_setting_missing_a_seeds_run_is_not_chosen_and_the_table_says_so():
+    """A setting whose third seed crashed (or still runs) would be compared on its two seeds' mean with settings of
+    three: it is not eligible, and the header counts it; a method that never logged the ranked metric (no global
+    model) has no row, said, where it crashed the command before; a "|" in a label stays inside its cell."""
+    import pandas as pd
+
+    rows = [{"algorithm": "a", "setting": s, "setting_label": f"lr={s}|x", "seed": seed, "outcome": "finished",
+             "trial": (i, 0), "personalized_accuracy_mean": v, "global_accuracy": v}
+            for i, (s, seeds, v) in enumerate((("good", (0, 1, 2), 0.80), ("lucky", (0, 1), 0.95))) for seed in seeds]
+    rows += [{"algorithm": "b", "setting": "s", "setting_label": "x", "seed": seed, "outcome": "finished", "trial": (0, 0),
+              "personalized_accuracy_mean": 0.5, "global_accuracy": float("nan")} for seed in (0, 1, 2)]
+    table = best_settings(pd.DataFrame(rows), "personalized_accuracy_mean").set_index("algorithm")
+    assert table.loc["a", "best setting"] == "lr=good|x" and table.loc["a", "seeds"] == 3
+    text = to_markdown(table.reset_index())
+    assert "Not chosen, a seed's run missing (crashed, or still running): 1 setting(s) of a." in text
+    assert "| a | lr=good\\|x | 2 | 3 |" in text
+    by_global = best_settings(pd.DataFrame(rows), "global_accuracy")
+    assert list(by_global["algorithm"]) == ["a"] and by_global.attrs["unranked"] == ["b"]
+    assert "No value of global_accuracy, so no row: b." in to_markdown(by_global)
+
+
+def test_a_merged_table_refuses_a_source_twice_and_sources_ranked_otherwise(tmp_path, capsys):
+    import json
+
+    from fedsweep.table import save_runs
+
+    runs = read_runs_of_hand(tmp_path)
+    for name, metric in (("one", "personalized_accuracy_mean"), ("two", "personalized_accuracy_weighted")):
+        save_runs(runs, {"fedsweep.metric": metric, "fedsweep.bench": name}, str(tmp_path / f"{name}.csv"))
+    same = ["table", "--from-runs", str(tmp_path / "one.csv"), "--from-runs", str(tmp_path / "one.csv")]
+    assert main(same) == 2 and "one given more than once" in capsys.readouterr().err
+    mixed = ["table", "--from-runs", str(tmp_path / "one.csv"), "--from-runs", str(tmp_path / "two.csv")]
+    assert main(mixed) == 2 and "rank by different metrics or modes" in capsys.readouterr().err
+    assert main([*mixed, "--metric", "personalized_accuracy_mean", "--mode", "max"]) == 0
+    assert json.loads((tmp_path / "two.csv.tags.json").read_text())["fedsweep.bench"] == "two"
+
+
+def read_runs_of_hand(tmp_path):
+    import pandas as pd
+
+    return pd.DataFrame([{"run_id": f"r{seed}", "algorithm": "a", "setting": "s", "setting_label": "x", "seed": seed,
+                          "outcome": "finished", "platform": "", "code": "", "trial": (0, 0),
+                          "personalized_accuracy_mean": 0.5, "personalized_accuracy_weighted": 0.5} for seed in (0, 1, 2)])

@@ -239,6 +239,29 @@ def test_a_thread_stopped_after_the_schedulers_tag_ends_its_run_finished_stopped
         assert max(m.step for m in c.get_metric_history(log.run_id, "uploads")) == 2  # rounds after the stop: none
 
 
+def test_a_run_that_diverged_at_the_round_the_scheduler_stopped_it_stays_diverged(tracking_uri):
+    """ASHA may decide STOP on the very result that diverged; that trial ends FAILED/diverged, and the sweep's end
+    (mark_stopped_early) must not make it a FINISHED, stopped-early one: the table would lose a diverged seed. A
+    stopped run beside it is marked as before."""
+    from fedsweep.stopping import mark_stopped_early
+    from fedsweep.tracking import STOPPED_AFTER, STOPPED_EARLY, client, ensure_experiment
+
+    c, experiment = client(tracking_uri), ensure_experiment(tracking_uri, "diverged-and-stopped")
+    parent = c.create_run(experiment).info.run_id
+    runs = {}
+    for name, outcome in (("diverged", "diverged"), ("stopped", None)):
+        tags = {"mlflow.parentRunId": parent, "ray.trial_id": name, STOPPED_AFTER: "2",
+                **({"fedsweep.outcome": outcome} if outcome else {})}
+        runs[name] = c.create_run(experiment, tags=tags).info.run_id
+    c.set_terminated(runs["diverged"], "FAILED")
+    marked = mark_stopped_early({"uri": tracking_uri, "experiment_id": experiment, "parent_run_id": parent})
+    assert marked == {"stopped"}
+    run = c.get_run(runs["diverged"])
+    assert (run.info.status, run.data.tags["fedsweep.outcome"]) == ("FAILED", "diverged")
+    run = c.get_run(runs["stopped"])
+    assert (run.info.status, run.data.tags["fedsweep.outcome"]) == ("FINISHED", STOPPED_EARLY)
+
+
 def test_a_tag_two_writers_set_at_once_is_stored_without_an_error(tracking_uri):
     """A stopped trial's thread and the sweep's driver may both write its first ``fedsweep.outcome`` at once; MLflow's
     SQL store then inserts it twice, and one write failed on the tags' UNIQUE key (CI, 2026-11-27). Two threads, each
