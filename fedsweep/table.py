@@ -185,6 +185,12 @@ def best_settings(runs: pd.DataFrame, metric: str, mode: str = "max", group_by: 
         raise KeyError(f"group-by parameter(s) {missing} not logged by these runs")
     rows, incomplete, unranked = [], {}, []
     keys = ["algorithm"] + [f"param:{p}" for p in group_by]
+    # a (setting, seed) run by several sweeps of an experiment (read without --sweep-run) counts once, its latest run:
+    # pooled, each would count as one more seed and narrow the CI
+    order = runs["trial"].map(lambda t: t[1]).sort_values(kind="stable").index
+    latest = ~runs.loc[order].fillna({k: "" for k in keys}).duplicated(keys + ["setting", "seed"], keep="last")
+    repeated = int((~latest).sum())
+    runs = runs[latest.reindex(runs.index)]  # in their own order (a mean's summation order stays the same)
     for key, tried in runs.fillna({k: "" for k in keys}).groupby(keys, sort=True):
         if budget is not None:
             first = tried.groupby("setting")["trial"].min().sort_values(kind="stable")
@@ -230,7 +236,7 @@ def best_settings(runs: pd.DataFrame, metric: str, mode: str = "max", group_by: 
         rows.append(row)
     table = pd.DataFrame(rows)
     table.attrs.update(select_on=select_on, ranked_by=ranked, metric=metric, budget=budget, mode=mode,
-                       incomplete=incomplete, unranked=sorted(set(unranked)))
+                       incomplete=incomplete, unranked=sorted(set(unranked)), repeated=repeated)
     return table
 
 
@@ -250,6 +256,9 @@ def selection_line(table: pd.DataFrame) -> str:
     if incomplete := table.attrs.get("incomplete"):
         lines.append("Not chosen, a seed's run missing (crashed, or still running): " + ", ".join(
             f"{n} setting(s) of {a}" for a, n in sorted(incomplete.items())) + ".")
+    if repeated := table.attrs.get("repeated"):
+        lines.append(f"{repeated} run(s) repeated a (setting, seed) another run of these sweeps had: the latest of each "
+                     "counted (--sweep-run reads one sweep).")
     if unranked := table.attrs.get("unranked"):
         lines.append(f"No value of {table.attrs['ranked_by']}, so no row: {', '.join(unranked)}.")
     return "\n".join(lines)

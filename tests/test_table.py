@@ -213,3 +213,17 @@ def read_runs_of_hand(tmp_path):
     return pd.DataFrame([{"run_id": f"r{seed}", "algorithm": "a", "setting": "s", "setting_label": "x", "seed": seed,
                           "outcome": "finished", "platform": "", "code": "", "trial": (0, 0),
                           "personalized_accuracy_mean": 0.5, "personalized_accuracy_weighted": 0.5} for seed in (0, 1, 2)])
+
+
+def test_a_setting_and_seed_run_by_two_sweeps_counts_once_its_latest_run():
+    """Read without --sweep-run, an experiment's sweeps are pooled: a (setting, seed) that two sweeps ran would count
+    as two seeds and narrow the CI. The latest run of each counts, and the header says how many were set aside."""
+    import pandas as pd
+
+    rows = [{"algorithm": "a", "setting": "s", "setting_label": "x", "seed": seed, "outcome": "finished",
+             "trial": (0, start), "personalized_accuracy_mean": v}
+            for start, values in ((1, (0.5, 0.6)), (2, (0.7, 0.8))) for seed, v in enumerate(values)]
+    table = best_settings(pd.DataFrame(rows), "personalized_accuracy_mean")
+    assert table.loc[0, "seeds"] == 2 and table.loc[0, "personalized_accuracy_mean mean"] == pytest.approx(0.75)
+    assert table.loc[0, "personalized_accuracy_mean ci95"] == pytest.approx(ci95(np.array([0.7, 0.8])))
+    assert "2 run(s) repeated a (setting, seed) another run of these sweeps had" in to_markdown(table)
