@@ -168,9 +168,9 @@ class MetricWriter:
     # ---------------------------------------------------------------- internals, under self._cond
 
     def _raise_if_done(self) -> None:
-        if self.action_error is not None:
-            self.gave_up = True
-            raise self.action_error
+        if self.action_error is not None:  # the action's own failure (a checkpoint not saved), raised once: the
+            error, self.action_error = self.action_error, None  # writer goes on, and the run can still end FAILED
+            raise error
         if self.refused is not None:
             self.gave_up = True
             raise self.refused
@@ -247,6 +247,14 @@ class MetricWriter:
         return action
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        except Exception as e:  # noqa: BLE001 - outside the writes' own handling (the held rounds' file, stderr): the thread
+            with self._cond:  # is gone, so what it holds is never written; check() and wait() raise it
+                self.refused = RuntimeError(f"the metric writer of run {self.run_id} stopped: {e!r}")
+                self._cond.notify_all()
+
+    def _loop(self) -> None:
         pause = PAUSES_S[0]
         while True:
             with self._cond:
@@ -262,7 +270,6 @@ class MetricWriter:
                     with self._cond:
                         self.action_error = e
                         self._cond.notify_all()
-                    return
                 continue
             with self._cond:
                 if not self.held:

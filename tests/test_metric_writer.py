@@ -85,7 +85,8 @@ def test_outage_limit_is_a_positive_number_of_seconds():
 def test_an_action_runs_once_every_metric_before_it_is_written_the_newest_replacing_older_ones(tmp_path):
     """What a sweep's checkpoints use: ``after_written`` runs in the writer's thread after the metrics put before
     it and the ``later`` ones still to come are in the store (the trial does not wait); a newer action replaces
-    one not yet run; none runs while the server does not answer; an action's error reaches the trial's check()."""
+    one not yet run; none runs while the server does not answer; an action's error reaches the trial's check(), once,
+and the writer goes on writing."""
     import threading
 
     from mlflow import MlflowClient
@@ -122,6 +123,11 @@ def test_an_action_runs_once_every_metric_before_it_is_written_the_newest_replac
         time.sleep(0.05)
     with pytest.raises(OSError, match="disk full"):
         writer.check()
+    # a checkpoint not saved fails its trial, but the writer goes on: later rounds are written, and wait() returns
+    writer.put(rounds(1, first=2))
+    assert writer.wait() and not writer.gave_up
+    assert sorted(m.step for m in c.get_metric_history(run_id, "m0")) == [0, 1, 2]
+    writer.check()  # raised once
     writer.close()
 
     down = MetricWriter(f"http://127.0.0.1:{free_port()}", "0" * 32, limit_s=60, spill_dir=str(tmp_path))
@@ -131,3 +137,24 @@ def test_an_action_runs_once_every_metric_before_it_is_written_the_newest_replac
     time.sleep(0.5)
     down.close()
     assert [s[0] for s in seen] == ["second"]
+
+
+@pytest.mark.timeout(60)
+def test_a_writer_whose_thread_stops_on_an_unexpected_error_raises_it_instead_of_waiting_forever(tmp_path):
+    """An error outside the writes' own handling (here reading the held rounds, as a vanished overflow file would)
+    ends the writer's thread: wait() and check() raise it, where wait() looped for ever on the metrics still held."""
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    c = MlflowClient(uri)
+    writer = MetricWriter(uri, c.create_run(c.create_experiment("dies")).info.run_id, limit_s=60)
+
+    def vanished(*args, **kwargs):
+        raise FileNotFoundError("the held rounds' file")
+
+    writer._next_batch = vanished
+    writer.put(rounds(1))
+    with pytest.raises(RuntimeError, match=r"stopped: FileNotFoundError"):
+        writer.wait()
+    assert writer.gave_up
+    writer.close()
