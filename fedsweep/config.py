@@ -120,8 +120,9 @@ class ResourcesConfig(StrictModel):
     round_timeout_s: float | None = Field(
         None,
         gt=0,
-        description="Seconds a round (and an evaluation) waits for client replies; clients that have not "
-        "answered by then are left out of it and counted in clients_dropped. null = wait for every client.",
+        description="Seconds a round (and an evaluation) waits for client replies, counted from when the server's "
+        "own clients (a worker pool's local share) are done; clients that have not answered by then are left out of "
+        "it and counted in clients_dropped. null = wait for every client.",
     )
     actor_memory_mb: float = Field(
         300, gt=0, description="Resident memory one actor process costs (torch loaded); used to check the plan fits."
