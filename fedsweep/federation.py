@@ -387,9 +387,10 @@ class Server:
 
         A round that leaves the global model non-finite is flagged ``diverged`` and evaluated, so that
         its metrics are complete; the caller stops there. So is an evaluation that finds a trained client's model
-        non-finite (its loss not finite): a method whose models live on the clients (Local, FedAMP, FedFomo, pFedHN's
-        targets, FedPer's heads) can diverge there with a finite global vector, and a NaN model's argmax would
-        otherwise be scored as a prediction of class 0.
+        non-finite (its loss NaN; an infinite loss is also a finite Proto model's score of a class its client
+        lacks, so it is not taken for one): a method whose models live on the clients (Local, FedAMP, FedFomo,
+        pFedHN's targets, FedPer's heads) can diverge there with a finite global vector, and a NaN model's argmax
+        would otherwise be scored as a prediction of class 0.
         """
         metrics: dict[str, float] = {"round": float(rnd)}
         if rnd > 0:
@@ -397,7 +398,8 @@ class Server:
         diverged = not bool(torch.isfinite(self.params).all())
         if rnd in self.eval_rounds or diverged:
             metrics.update(self.evaluate(pool, rnd))
-            diverged = diverged or not math.isfinite(metrics.get("personalized_loss_mean", 0.0))
+            # NaN, not inf: a Proto model's class absent from a client's support scores −inf, a finite model's inf loss
+            diverged = diverged or math.isnan(metrics.get("personalized_loss_mean", 0.0))
         if rnd > 0:
             metrics["clients_restored"] = float(pool.take_restored())
         metrics.update(self.transmissions())

@@ -210,6 +210,19 @@ def test_a_method_whose_models_live_on_the_clients_diverges_at_the_evaluation_th
     assert bool(torch.isfinite(server.params).all())  # the server's vector stayed finite: not what flagged it
 
 
+def test_an_infinite_loss_of_a_finite_proto_model_is_not_a_divergence():
+    """A Proto model scores a class absent from its client's support −inf, so a test sample of that class has an
+    infinite loss while every model is finite: the run goes on (an earlier check of a non-finite loss stopped every
+    PFLDyn (Proto) run at its first evaluation)."""
+    cfg = validate(config_dict(algorithm={"_replace": True, "name": "pfldyn", "transform": "proto", "alpha": 0.01,
+                                          "local_lr": 0.05, "local_steps": 2, "batch_size": 10},
+                               data={"_replace": True, "dataset": "synthetic", "num_clients": 6},
+                               model={"_replace": True, "name": "mlp", "hidden": [8]}, rounds=2, eval_every=1))
+    history, _ = run_local(cfg)
+    assert len(history) == 3 and not any(m.get("diverged") for m in history)
+    assert math.isinf(history[0]["personalized_loss_mean"])  # the case: an infinite loss, no divergence
+
+
 @pytest.mark.parametrize("algorithm", [
     {"name": "scaffold", "local_lr": 0.05, "participation_rate": 0.6},  # client and server control variates
     {"name": "feddyn", "local_lr": 0.05, "participation_rate": 0.6},
