@@ -55,9 +55,11 @@ class _Restricted(pickle._Unpickler):  # the pure-Python one: its REDUCE and _in
         return found
 
     def _check_call(self, func: Any) -> None:
-        module, name = self.named.get(id(func), (getattr(func, "__module__", "?"), getattr(func, "__qualname__", repr(func))))
-        if (module, name) not in CALLED:
-            raise pickle.UnpicklingError(f"refusing to call {module}.{name} with arguments: {self.what}")
+        """Only a global this unpickler resolved may be called (an object built on the way could carry any name)."""
+        key = self.named.get(id(func))
+        if key not in CALLED:
+            what = ".".join(key) if key else f"a {type(func).__name__} built by the pickle"
+            raise pickle.UnpicklingError(f"refusing to call {what} with arguments: {self.what}")
 
     def load_reduce(self):
         self._check_call(self.stack[-2])  # the stack ends with the global and its arguments
