@@ -345,4 +345,7 @@ def execute(
             logger.finish(None, "FAILED", "error")
         raise
     finally:
-        runner.stop(keep_warm=ended_cleanly)
+        # actors of a trial that lost or restored clients are not kept: Ray counts client_max_restarts over an
+        # actor's life, so the next trial would start a restarted one with less than its own allowance
+        faults = any(m.get("clients_restored") or m.get("clients_dropped") for m in history)
+        runner.stop(keep_warm=ended_cleanly and not faults)

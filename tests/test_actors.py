@@ -429,3 +429,27 @@ def test_the_local_instances_network_ports_refuse_a_job_without_rays_token(ray_s
             answers[addr] = type(e).__name__
     assert agents and 401 in answers.values(), answers  # the job agent: "Missing authentication token"
     assert not any(isinstance(code, int) and code < 400 for code in answers.values()), answers  # none took the job
+
+
+@pytest.mark.parametrize("fault", [None, "clients_dropped", "clients_restored"])
+def test_a_trial_that_lost_or_restored_clients_does_not_keep_its_actors_warm(fault):
+    """Ray counts client_max_restarts over an actor's life: actors a fault restarted, kept for the next trial, would
+    give it less than its own allowance. A trial whose rounds dropped or restored clients hands its actors back
+    (the runner's stop without keep_warm); a clean one keeps them."""
+    kept = []
+
+    class Recording(InProcessRunner):
+        def _call(self, method, *args):
+            out = super()._call(method, *args)
+            if method == "steps" and fault:
+                for m in out:
+                    m[fault] = 1.0 if m["round"] == 2 else 0.0
+            return out
+
+        def stop(self, keep_warm=False):
+            kept.append(keep_warm)
+            super().stop(keep_warm)
+
+    cfg = validate(config_dict(rounds=3, eval_every=3))
+    execute(cfg, None, runner=Recording(cfg))
+    assert kept == [fault is None]
