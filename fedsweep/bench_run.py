@@ -344,7 +344,7 @@ def write_tables(bench: Bench, state: dict[str, Any], uri: str, folder: Path) ->
 
 def _absent_note(bench: Bench, methods: dict[str, dict[str, Any]], rows: set[str], budget: int) -> str:
     """Every method of the file missing from budget ``budget``'s table, with why: a table says what it leaves out."""
-    why = {}
+    why, seeds = {}, _seeds(bench)
     for key in bench.tunes:
         entry = methods.get(key, {})
         if key in rows:
@@ -353,7 +353,7 @@ def _absent_note(bench: Bench, methods: dict[str, dict[str, Any]], rows: set[str
             why[key] = "not tuned yet, or its tuning did not finish; --resume goes on"
         elif entry.get("settings") != sorted(bench.sections[key]):
             why[key] = "its settings changed since its runs; --resume runs it again"
-        elif entry.get("seeds", _seeds(bench)) != _seeds(bench):
+        elif entry.get("seeds", seeds) != seeds:
             why[key] = "its seeds changed since its runs; --resume runs it again"
         elif entry["chosen"].get(str(budget)) is None:
             why[key] = f"none of its first {budget} settings finished on every tuning seed"

@@ -4,6 +4,7 @@ from runs saved with ``--runs-output``; several sources make one methods × data
 from __future__ import annotations
 
 import sys
+from collections import Counter
 
 from fedsweep.cli_common import EXIT_BAD_INPUT, tracking_uri
 
@@ -86,20 +87,19 @@ def cmd_table(args) -> int:
     sources = _table_sources(args)
     if sources is None:
         return EXIT_BAD_INPUT
-    if len(sources) > 1 and (twice := sorted({label for label, _, _ in sources if [s[0] for s in sources].count(label) > 1})):
+    if twice := sorted(label for label, n in Counter(label for label, _, _ in sources).items() if n > 1):
         print(f"error: --from-runs/--experiment: {', '.join(twice)} given more than once (a merged table has one column "
               "per source, named by its benchmark or experiment); allowed: each source once", file=sys.stderr)
         return EXIT_BAD_INPUT
-    ranking = {(args.metric or t.get("fedsweep.metric", "personalized_accuracy_mean"), args.mode or t.get("fedsweep.mode", "max"))
-               for _, _, t in sources}
-    if len(ranking) > 1:
-        print(f"error: the sources rank by different metrics or modes ({', '.join(f'{m} {o}' for m, o in sorted(ranking))}); "
+    # each source's ranking: the options', else what its sweep ranked by
+    ranking = [(args.metric or t.get("fedsweep.metric", "personalized_accuracy_mean"), args.mode or t.get("fedsweep.mode", "max"))
+               for _, _, t in sources]
+    if len(set(ranking)) > 1:
+        print(f"error: the sources rank by different metrics or modes ({', '.join(f'{m} {o}' for m, o in sorted(set(ranking)))}); "
               "a merged table ranks every source alike: give --metric and --mode", file=sys.stderr)
         return EXIT_BAD_INPUT
     tables = []
-    for label, runs, sweep_tags in sources:
-        metric = args.metric or sweep_tags.get("fedsweep.metric", "personalized_accuracy_mean")
-        mode = args.mode or sweep_tags.get("fedsweep.mode", "max")
+    for (label, runs, sweep_tags), (metric, mode) in zip(sources, ranking):
         select_on = args.select_on or sweep_tags.get("fedsweep.select_on", "test")
         try:
             tables.append((label, best_settings(runs, metric, mode, args.group_by, select_on, args.budget)))

@@ -187,11 +187,12 @@ def best_settings(runs: pd.DataFrame, metric: str, mode: str = "max", group_by: 
     keys = ["algorithm"] + [f"param:{p}" for p in group_by]
     # a (setting, seed) run by several sweeps of an experiment (read without --sweep-run) counts once, its latest run:
     # pooled, each would count as one more seed and narrow the CI
+    runs = runs.fillna({k: "" for k in keys})
     order = runs["trial"].map(lambda t: t[1]).sort_values(kind="stable").index
-    latest = ~runs.loc[order].fillna({k: "" for k in keys}).duplicated(keys + ["setting", "seed"], keep="last")
+    latest = ~runs.loc[order].duplicated(keys + ["setting", "seed"], keep="last")
     repeated = int((~latest).sum())
     runs = runs[latest.reindex(runs.index)]  # in their own order (a mean's summation order stays the same)
-    for key, tried in runs.fillna({k: "" for k in keys}).groupby(keys, sort=True):
+    for key, tried in runs.groupby(keys, sort=True):
         if budget is not None:
             first = tried.groupby("setting")["trial"].min().sort_values(kind="stable")
             tried = tried[tried["setting"].isin(first.index[:budget])]
