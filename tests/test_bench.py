@@ -14,9 +14,11 @@ import pytest
 import yaml
 
 from fedsweep.bench import BENCH_METRICS, choose, compact_markdown, load_bench, missing_runs
+from fedsweep.bench_run import _code_note
 from fedsweep.cli import main
 from fedsweep.config import ConfigError
 from fedsweep.table import load_runs
+from fedsweep.tracking import code_version
 from tests.conftest import BASE, ROOT
 
 METHODS = {"methods": {
@@ -87,6 +89,7 @@ def test_a_two_method_benchmark_tunes_equally_selects_on_validation_and_merges(r
         table = pd.read_csv(out / name / "table_b3.csv")
         assert sorted(table["algorithm"]) == ["fedavg", "local"] and set(table["seeds"]) == {2}
         assert (out / name / "ranking_b3.png").stat().st_size > 0 and (out / name / "table_b1.md").exists()
+        assert (out / name / "table_b3.md").read_text().endswith(f"\nCode: every run at {code_version()} (the runs' `code` tag).\n")
         compact = (out / name / "compact.md").read_text().splitlines()
         assert len(compact) == 2 + 2 and compact[0].startswith("| rank | method | chosen setting (budget 3) |")
         assert "| unseen clients (%) |" in compact[0] and table["unseen_personalized_accuracy_mean mean"].notna().all()
@@ -470,3 +473,14 @@ def test_the_majority_class_baseline_is_each_clients_most_frequent_training_labe
     assert written.to_dict("records") == [{k: float(v) if k != "cell" else v for k, v in row.items()}]
     committed = pd.read_csv(ROOT / "docs" / "results" / "benchmark" / "majority_baseline.csv").set_index("cell")
     assert committed.loc[row["cell"]].to_dict() == {k: float(v) for k, v in row.items() if k != "cell"}
+
+
+def test_a_tables_code_line_names_each_commit_with_the_methods_it_ran():
+    """A method run again alone at a later commit, or a phase resumed after one, is named with its commits; the
+    largest group of more than six is counted, not listed."""
+    many = {f"m{i}": {"aaa"} for i in range(7)}
+    assert _code_note(many) == "\nCode: every run at aaa (the runs' `code` tag).\n"
+    assert _code_note({**many, "fedamp": {"bbb"}, "x": {"aaa", "bbb"}}) == (
+        "\nCode (the runs' `code` tag; tuning and final runs): bbb: fedamp; aaa and bbb: x; aaa: the 7 other methods.\n")
+    assert _code_note({"a": {"aaa"}, "b": {"bbb"}, "c": set()}) == (
+        "\nCode (the runs' `code` tag; tuning and final runs): aaa: a; bbb: b; none recorded: c.\n")

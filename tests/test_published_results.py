@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from fedsweep.bench import BENCH_METRICS, bench_table, choose, compact_markdown, load_bench, read_state
+from fedsweep.bench_run import _code_note, _codes
 from fedsweep.table import read_runs
 from fedsweep.tracking import names_kernels
 
@@ -57,6 +58,12 @@ def test_each_cells_tables_are_computed_from_its_saved_final_runs(folder):
         tables[budget] = table
     assert tables, f"{folder.name}: no final_runs_b*.csv"
     assert compact_markdown(tables, metric) + "\n" == (folder / "compact.md").read_text()
+    # each table names the code of its runs (commits differ where a phase resumed after one, or a method ran again)
+    finals = pd.concat([read_runs(str(p))[0] for p in folder.glob("final_runs_b*.csv")], ignore_index=True)
+    codes = _codes(folder, done, finals.drop_duplicates("run_id"))
+    for budget, table in tables.items():
+        note = _code_note({k: codes[k] for k in table["algorithm"]})
+        assert (folder / f"table_b{budget}.md").read_text().endswith(note), budget
 
 
 @pytest.mark.parametrize("folder", [p for p in CELLS if (p / "runs").is_dir()],
