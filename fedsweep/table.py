@@ -171,7 +171,8 @@ def best_settings(runs: pd.DataFrame, metric: str, mode: str = "max", group_by: 
     Only settings all of whose seeds ran to the end are eligible: one that diverged or that a scheduler
     stopped early is counted, never chosen. With ``budget`` N, each row chooses among the first N settings
     its algorithm's search tried (in trial order), so that an algorithm with more hyperparameters does not
-    win by having more tries. ``reported``: the metrics given beside the ranked one."""
+    win by having more tries; a tie goes to the setting tried first (as `fedsweep bench` chooses). ``reported``:
+    the metrics given beside the ranked one."""
     if runs.empty:
         return pd.DataFrame()
     ranked = VAL + metric if select_on == "validation" else metric
@@ -206,6 +207,9 @@ def best_settings(runs: pd.DataFrame, metric: str, mode: str = "max", group_by: 
             incomplete[key[0]] = incomplete.get(key[0], 0) + len(short)
             group = group[~group["setting"].isin(short)]
         by_setting = group.groupby("setting")[ranked].mean().dropna()  # a method may not log it (no global model)
+        # in the order they were tried: a tie goes to the setting tried first, as in `fedsweep bench` (bench.choose)
+        by_setting = by_setting.loc[[s for s in group.groupby("setting")["trial"].min().sort_values(kind="stable").index
+                                     if s in by_setting.index]]
         if by_setting.empty:
             if not group.empty:
                 unranked.append(key[0])

@@ -227,3 +227,23 @@ def test_a_setting_and_seed_run_by_two_sweeps_counts_once_its_latest_run():
     assert table.loc[0, "seeds"] == 2 and table.loc[0, "personalized_accuracy_mean mean"] == pytest.approx(0.75)
     assert table.loc[0, "personalized_accuracy_mean ci95"] == pytest.approx(ci95(np.array([0.7, 0.8])))
     assert "2 run(s) repeated a (setting, seed) another run of these sweeps had" in to_markdown(table)
+
+
+def test_a_tie_goes_to_the_setting_tried_first_as_in_bench():
+    """Two settings with the same mean: the one tried first is chosen (``fedsweep bench``'s rule, ``bench.choose``),
+    not the one whose key sorts first; with validation, whatever the test metric says."""
+    import pandas as pd
+
+    from fedsweep.bench import choose
+
+    rows = [{"algorithm": "a", "setting": s, "setting_label": s, "seed": seed, "outcome": "finished", "trial": (i, i),
+             "personalized_accuracy_mean": t, "val_personalized_accuracy_mean": 0.5}
+            for i, (s, t) in enumerate((("zz", 0.1), ("aa", 0.9))) for seed in (0, 1)]
+    runs = pd.DataFrame(rows)
+    for select_on in ("validation", "test"):
+        expected = "zz" if select_on == "validation" else "aa"  # on test the means differ
+        assert best_settings(runs, "personalized_accuracy_mean", select_on=select_on).loc[0, "setting key"] == expected
+    assert choose(runs, "personalized_accuracy_mean", "max", 2) == "zz"
+    runs["personalized_accuracy_mean"] = 0.5
+    assert best_settings(runs, "personalized_accuracy_mean").loc[0, "setting key"] == "zz"
+    assert best_settings(runs, "personalized_accuracy_mean", mode="min").loc[0, "setting key"] == "zz"
