@@ -348,8 +348,11 @@ class RunLogger:
 
     def after_written(self, action) -> None:
         """``action()`` once MLflow holds every round logged so far (:meth:`~fedsweep.metric_writer.MetricWriter.after_written`):
-        the rounds still held here go with the next hand-over, and the trial goes on meanwhile."""
-        self.writer.after_written(action, later=self._pending_count)
+        the rounds still held here are handed over now, and the trial goes on meanwhile. (Left for the next
+        evaluation's hand-over, a checkpoint between evaluations waited for it and was replaced there by the next
+        one: a sweep saved checkpoints at its evaluations only, whatever ``checkpoint_every`` said.)"""
+        self._hand_over()
+        self.writer.after_written(action)
 
     def flush(self) -> bool:
         """Hand the rounds held by :meth:`log_round` to the writer and wait while it writes them: True once the

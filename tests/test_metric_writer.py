@@ -158,3 +158,26 @@ def test_a_writer_whose_thread_stops_on_an_unexpected_error_raises_it_instead_of
         writer.wait()
     assert writer.gave_up
     writer.close()
+
+
+def test_a_checkpoint_between_evaluations_is_saved_before_the_next_evaluation(tmp_path):
+    """``checkpoint_every`` 3 with an evaluation every 10 rounds: each checkpoint is saved once the rounds before it
+    are written, without waiting for the next evaluation's hand-over (before, round 3's waited for round 10's, which
+    replaced it with its own there: checkpoints at evaluations only)."""
+    import threading
+
+    from fedsweep.experiment import InProcessRunner, execute
+    from fedsweep.tracking import RunLogger, ensure_experiment
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = validate(config_dict(rounds=12, eval_every=10, resources=None, tracking={"experiment": "between"}))
+    logger = RunLogger(uri, ensure_experiment(uri, "between"), cfg, "between")
+    saved: dict[int, threading.Event] = {r: threading.Event() for r in (3, 6, 9)}
+
+    def on_round(m: dict[str, float]) -> None:
+        if int(m["round"]) in (4, 7, 10):  # the round after a checkpoint: it is saved before the next evaluation
+            assert saved[int(m["round"]) - 1].wait(30), f"checkpoint of round {int(m['round']) - 1} not saved"
+
+    execute(cfg, logger, on_round, checkpoint_every=3, runner=InProcessRunner(cfg),
+            on_checkpoint=lambda m, checkpoint: logger.after_written(saved[int(m["round"])].set))
+    assert all(e.is_set() for e in saved.values())
