@@ -132,6 +132,7 @@ def cmd_table(args) -> int:
         table.to_csv(args.output, index=False)
     else:
         table.to_parquet(args.output, index=False)
+    print(text)  # the selection and the notes (settings not eligible, methods without a row) the file cannot hold
     print(f"wrote {len(table)} row(s) to {args.output}")
     return 0
 

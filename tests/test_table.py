@@ -95,6 +95,12 @@ def test_table_cli_target_and_group_by(store, capsys):
     assert main(["table", "--experiment", "table-test", "--tracking-uri", store, "--group-by", "nope"]) == 2
     assert main(["table", "--experiment", "table-test", "--tracking-uri", "mongo://host/db"]) == 2
     assert "--tracking-uri (mongo://host/db): unknown scheme 'mongo'" in capsys.readouterr().err
+    # a CSV holds the numbers; the table is printed beside, with what chose them and its notes where it has them
+    assert main(["table", "--experiment", "table-test", "--tracking-uri", store, "--select-on", "test", "--format", "csv",
+                 "--output", "t.csv"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("| algorithm | best setting |") and "| pfldyn | lr=0.1 | 2 | 3 |" in out
+    assert out.endswith("wrote 2 row(s) to t.csv\n")
 
 
 def test_mean_over_the_last_evaluations(store, capsys):
