@@ -317,8 +317,8 @@ class RunLogger:
         self.history = [by_round[r] for r in sorted(by_round)]
 
     def log_round(self, metrics: dict[str, float]) -> None:
-        """A round's metrics, held until an evaluation round at least :data:`LINGER_S` after the last hand-over,
-        which hands them all to the writer in one call (one store round trip for one or several evaluation
+        """A round's metrics, held until an evaluation round (or a checkpoint, :meth:`after_written`) at least
+        :data:`LINGER_S` after the last hand-over, which hands them all to the writer in one call (one store round trip for one or several evaluation
         intervals instead of one per round; docs/performance.md, section 5) and goes on training while the
         writer's thread writes them; :meth:`flush` hands them sooner and waits until they are written (a
         scheduler's report), :meth:`finish` at the end and on failure.
@@ -347,12 +347,14 @@ class RunLogger:
         self.pending, self._pending_count, self._handed_at = [], 0, time.monotonic()
 
     def after_written(self, action) -> None:
-        """``action()`` once MLflow holds every round logged so far (:meth:`~fedsweep.metric_writer.MetricWriter.after_written`):
-        the rounds still held here are handed over now, and the trial goes on meanwhile. (Left for the next
-        evaluation's hand-over, a checkpoint between evaluations waited for it and was replaced there by the next
-        one: a sweep saved checkpoints at its evaluations only, whatever ``checkpoint_every`` said.)"""
-        self._hand_over()
-        self.writer.after_written(action)
+        """``action()`` once MLflow holds every round logged so far (:meth:`~fedsweep.metric_writer.MetricWriter.after_written`),
+        the trial going on meanwhile: the rounds held here are handed over now when the last hand-over was
+        :data:`LINGER_S` ago, else with the next one (rounds that fast: a newer checkpoint may replace this one
+        there, under a second of training later). Left always for the next evaluation's hand-over, a checkpoint
+        between evaluations waited for it and was replaced there: checkpoints at evaluations only."""
+        if time.monotonic() - self._handed_at >= LINGER_S:
+            self._hand_over()
+        self.writer.after_written(action, later=self._pending_count)
 
     def flush(self) -> bool:
         """Hand the rounds held by :meth:`log_round` to the writer and wait while it writes them: True once the

@@ -161,9 +161,10 @@ def test_a_writer_whose_thread_stops_on_an_unexpected_error_raises_it_instead_of
 
 
 def test_a_checkpoint_between_evaluations_is_saved_before_the_next_evaluation(tmp_path):
-    """``checkpoint_every`` 3 with an evaluation every 10 rounds: each checkpoint is saved once the rounds before it
-    are written, without waiting for the next evaluation's hand-over (before, round 3's waited for round 10's, which
-    replaced it with its own there: checkpoints at evaluations only)."""
+    """``checkpoint_every`` 3 with an evaluation every 10 rounds, rounds of 0.25 s: each checkpoint is saved once the
+    rounds before it are written, without waiting for the next evaluation's hand-over (before, round 3's waited for
+    round 10's, which replaced it with its own there: checkpoints at evaluations only). Rounds faster than that hand
+    over at most every ``LINGER_S`` (0.5 s), as evaluations do."""
     import threading
 
     from fedsweep.experiment import InProcessRunner, execute
@@ -175,6 +176,7 @@ def test_a_checkpoint_between_evaluations_is_saved_before_the_next_evaluation(tm
     saved: dict[int, threading.Event] = {r: threading.Event() for r in (3, 6, 9)}
 
     def on_round(m: dict[str, float]) -> None:
+        time.sleep(0.25)  # a round of 0.25 s: a checkpoint 3 rounds after the last hand-over hands over itself
         if int(m["round"]) in (4, 7, 10):  # the round after a checkpoint: it is saved before the next evaluation
             assert saved[int(m["round"]) - 1].wait(30), f"checkpoint of round {int(m['round']) - 1} not saved"
 

@@ -85,7 +85,7 @@ def test_rows_split_by_a_parameter(store):
         best_settings(runs, "personalized_accuracy_mean", group_by=["model.nope"])
 
 
-def test_table_cli_target_and_group_by(store, capsys):
+def test_table_cli_target_and_group_by(store, capsys, tmp_path):
     assert main(["table", "--experiment", "table-test", "--tracking-uri", store, "--target-accuracy", "0.8",
                  "--group-by", "model.name"]) == 0
     out = capsys.readouterr().out
@@ -95,12 +95,13 @@ def test_table_cli_target_and_group_by(store, capsys):
     assert main(["table", "--experiment", "table-test", "--tracking-uri", store, "--group-by", "nope"]) == 2
     assert main(["table", "--experiment", "table-test", "--tracking-uri", "mongo://host/db"]) == 2
     assert "--tracking-uri (mongo://host/db): unknown scheme 'mongo'" in capsys.readouterr().err
-    # a CSV holds the numbers; the table is printed beside, with what chose them and its notes where it has them
-    assert main(["table", "--experiment", "table-test", "--tracking-uri", store, "--select-on", "test", "--format", "csv",
-                 "--output", "t.csv"]) == 0
+    # a CSV holds the numbers; the table is printed beside, with what chose its settings
+    csv = tmp_path / "t.csv"
+    assert main(["table", "--experiment", "table-test", "--tracking-uri", store, "--select-on", "test", "--budget", "1",
+                 "--format", "csv", "--output", str(csv)]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("| algorithm | best setting |") and "| pfldyn | lr=0.1 | 2 | 3 |" in out
-    assert out.endswith("wrote 2 row(s) to t.csv\n")
+    assert out.startswith("Budget: each row's best of the first 1 settings its search tried") and "| pfldyn | lr=0.1 |" in out
+    assert out.endswith(f"wrote 2 row(s) to {csv}\n") and len(csv.read_text().splitlines()) == 1 + 2
 
 
 def test_mean_over_the_last_evaluations(store, capsys):
