@@ -14,10 +14,9 @@ import pytest
 import yaml
 
 from fedsweep.bench import BENCH_METRICS, choose, compact_markdown, load_bench, missing_runs
-from fedsweep.bench_run import _code_note, _codes
 from fedsweep.cli import main
 from fedsweep.config import ConfigError
-from fedsweep.table import load_runs, save_runs
+from fedsweep.table import load_runs
 from fedsweep.tracking import code_version
 from tests.conftest import BASE, ROOT
 
@@ -474,30 +473,3 @@ def test_the_majority_class_baseline_is_each_clients_most_frequent_training_labe
     committed = pd.read_csv(ROOT / "docs" / "results" / "benchmark" / "majority_baseline.csv").set_index("cell")
     assert committed.loc[row["cell"]].to_dict() == {k: float(v) for k, v in row.items() if k != "cell"}
 
-
-def test_a_tables_code_line_names_each_commit_with_the_methods_it_ran():
-    """A method run again alone at a later commit, or a phase resumed after one, is named with its commits; the
-    largest group of more than six is counted, not listed."""
-    many = {f"m{i}": {"aaa"} for i in range(7)}
-    assert _code_note(many) == "\nCode: every run at aaa (the runs' `code` tag).\n"
-    assert _code_note({**many, "fedamp": {"bbb"}, "x": {"aaa", "bbb"}}) == (
-        "\nCode (the runs' `code` tag; tuning and final runs): bbb: fedamp; aaa and bbb: x; aaa: the 7 other methods.\n")
-    assert _code_note({"a": {"aaa"}, "b": {"bbb"}, "c": set()}) == (
-        "\nCode (the runs' `code` tag; tuning and final runs): aaa: a; bbb: b; no runs saved: c.\n")
-
-
-def test_a_tables_code_line_counts_the_runs_behind_its_budget_only(tmp_path):
-    """At budget B a row is made of the method's first B tuning settings (draw order) and its choice's final runs:
-    a later setting's commit, or another budget's choice, is not named; a phase without a saved copy, or runs
-    without the tag, are said as such."""
-    (tmp_path / "runs").mkdir()
-    tuning = pd.DataFrame({"setting": ["s2", "s1", "s3", "t1"], "trial": [(1, 0), (0, 0), (2, 0), (0, 0)],
-                           "seed": 0, "code": ["aaa", "aaa", "ccc", ""]})
-    save_runs(tuning, {}, str(tmp_path / "runs" / "tune.csv"))
-    final = pd.DataFrame({"setting": ["s1", "s1", "s3", "t1"], "seed": [1, 2, 1, 1], "code": ["bbb", "bbb", "ddd", ""]})
-    done = {"m": {"tune_run": "tune", "settings": ["s1", "s2", "s3"], "chosen": {"2": "s1", "3": "s3"}},
-            "t": {"tune_run": "tune", "settings": ["t1"], "chosen": {"2": "t1", "3": "t1"}},
-            "u": {"tune_run": "gone", "settings": ["u1"], "chosen": {"2": "u1", "3": None}}}
-    assert _codes(tmp_path, done, final, 2) == {"m": {"aaa", "bbb"}, "t": {"no `code` tag"}, "u": {"tuning runs not saved"}}
-    assert _codes(tmp_path, done, final, 3) == {"m": {"aaa", "ccc", "ddd"}, "t": {"no `code` tag"}}
-    assert _code_note({"t": {"no `code` tag"}}) == "\nCode: not recorded (no run has a `code` tag).\n"

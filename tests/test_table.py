@@ -8,8 +8,9 @@ import math
 import numpy as np
 import pytest
 
+from fedsweep.bench_run import _code_note, _codes
 from fedsweep.cli import main
-from fedsweep.table import best_settings, ci95, load_runs, read_runs, to_markdown
+from fedsweep.table import best_settings, ci95, load_runs, read_runs, save_runs, to_markdown
 from fedsweep.tracking import TAG_PREFIX, client, ensure_experiment
 
 
@@ -254,3 +255,33 @@ def test_a_tie_goes_to_the_setting_tried_first_as_in_bench():
     runs["personalized_accuracy_mean"] = 0.5
     assert best_settings(runs, "personalized_accuracy_mean").loc[0, "setting key"] == "zz"
     assert best_settings(runs, "personalized_accuracy_mean", mode="min").loc[0, "setting key"] == "zz"
+
+
+def test_a_tables_code_line_names_each_commit_with_the_methods_it_ran():
+    """A method run again alone at a later commit, or a phase resumed after one, is named with its commits; the
+    largest group of more than six is counted, not listed."""
+    many = {f"m{i}": {"aaa"} for i in range(7)}
+    assert _code_note(many) == "\nCode: every run at aaa (the runs' `code` tag).\n"
+    assert _code_note({**many, "fedamp": {"bbb"}, "x": {"aaa", "bbb"}}) == (
+        "\nCode (the runs' `code` tag; tuning and final runs): bbb: fedamp; aaa and bbb: x; aaa: the 7 other methods.\n")
+    assert _code_note({"a": {"aaa"}, "b": {"bbb"}, "c": set()}) == (
+        "\nCode (the runs' `code` tag; tuning and final runs): aaa: a; bbb: b; no runs saved: c.\n")
+
+
+def test_a_tables_code_line_counts_the_runs_behind_its_budget_only(tmp_path):
+    """At budget B a row is made of the method's first B tuning settings (draw order) and its choice's final runs:
+    a later setting's commit, or another budget's choice, is not named; a phase without a saved copy, or runs
+    without the tag, are said as such."""
+    import pandas as pd
+
+    (tmp_path / "runs").mkdir()
+    tuning = pd.DataFrame({"setting": ["s2", "s1", "s3", "t1"], "trial": [(1, 0), (0, 0), (2, 0), (0, 0)],
+                           "seed": 0, "code": ["aaa", "aaa", "ccc", ""]})
+    save_runs(tuning, {}, str(tmp_path / "runs" / "tune.csv"))
+    final = pd.DataFrame({"setting": ["s1", "s1", "s3", "t1"], "seed": [1, 2, 1, 1], "code": ["bbb", "bbb", "ddd", ""]})
+    done = {"m": {"tune_run": "tune", "settings": ["s1", "s2", "s3"], "chosen": {"2": "s1", "3": "s3"}},
+            "t": {"tune_run": "tune", "settings": ["t1"], "chosen": {"2": "t1", "3": "t1"}},
+            "u": {"tune_run": "gone", "settings": ["u1"], "chosen": {"2": "u1", "3": None}}}
+    assert _codes(tmp_path, done, final, 2) == {"m": {"aaa", "bbb"}, "t": {"no `code` tag"}, "u": {"tuning runs not saved"}}
+    assert _codes(tmp_path, done, final, 3) == {"m": {"aaa", "ccc", "ddd"}, "t": {"no `code` tag"}}
+    assert _code_note({"t": {"no `code` tag"}}) == "\nCode: not recorded (no run has a `code` tag).\n"
