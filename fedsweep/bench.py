@@ -49,6 +49,7 @@ from fedsweep.conv_kernels import CONV_HELP, CONV_VAR, NATIVE
 from fedsweep.loading import _alias_of, _format_errors, _short, _where, flatten_grids, read_yaml, sweep_from
 from fedsweep.schema import StrictModel
 from fedsweep.search import distributions
+from fedsweep.table import draw_order
 from fedsweep.tracking import ATEN_CAPABILITIES, KERNEL_VARS, STOPPED_EARLY, kernel_settings, names_kernels
 
 STATE = "bench_state.json"
@@ -375,7 +376,7 @@ def choose(runs: pd.DataFrame, metric: str, mode: str, budget: int) -> str | Non
     read: never a test metric."""
     ranked = "val_" + metric
     tried = runs[["setting", "trial", "outcome", ranked]]
-    first = tried.groupby("setting")["trial"].min().sort_values(kind="stable").index[:budget]  # in draw order
+    first = draw_order(tried)[:budget]
     tried = tried[tried["setting"].isin(first)]
     eligible = tried[~tried["setting"].isin(tried.loc[tried["outcome"] != "finished", "setting"])]
     if eligible.empty:

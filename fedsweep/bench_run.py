@@ -31,7 +31,7 @@ from fedsweep.bench import (
     write_state,
 )
 from fedsweep.config import ConfigError, Sweep, resolve_tracking_uri
-from fedsweep.table import load_runs, read_runs, save_runs, to_markdown
+from fedsweep.table import draw_order, load_runs, read_runs, save_runs, to_markdown
 from fedsweep.tracking import PARENT_TAG, TAG_PREFIX, client, ensure_experiment, kernel_settings, pyplot
 
 
@@ -316,6 +316,7 @@ def write_tables(bench: Bench, state: dict[str, Any], uri: str, folder: Path) ->
     tried = {k: e["tried"] for k, e in done.items()}
     labels = {s: bench.label(k, s) for k, by_budget in chosen.items() for s in by_budget.values() if s is not None}
     wall = ", ".join(f"{k} {e['tuning_wall_s']:.0f}" for k, e in done.items())
+    codes = _codes(folder, done, final, bench.budgets)
     tables = {}
     # the final runs: one setting per method, chosen on validation before they ran
     tags = {f"{TAG_PREFIX}bench": bench.name, f"{TAG_PREFIX}metric": settings.metric, f"{TAG_PREFIX}mode": settings.mode,
@@ -329,8 +330,9 @@ def write_tables(bench: Bench, state: dict[str, Any], uri: str, folder: Path) ->
                   f"(seeds {settings.seeds}); test metrics over the final seeds {bench.settings.final_seeds}, mean ± 95% CI. "
                   f"transmissions: floats sent up and down by the end, in models. Tuning time per method (s, the "
                   f"servers' wall time summed over its runs): {wall}.")
-        note = _absent_note(bench, state["methods"], set(table["algorithm"]), budget) + _code_note(
-            {k: c for k, c in _codes(folder, done, final, budget).items() if k in set(table["algorithm"])})
+        rows = set(table["algorithm"])
+        note = _absent_note(bench, state["methods"], rows, budget) + _code_note(
+            {k: c for k, c in codes[budget].items() if k in rows})
         (folder / f"table_b{budget}.md").write_text(header + "\n\n" + to_markdown(table) + "\n" + note)
         table.to_csv(folder / f"table_b{budget}.csv", index=False)
         save_runs(runs, tags, str(folder / f"final_runs_b{budget}.csv"))
@@ -346,30 +348,31 @@ def write_tables(bench: Bench, state: dict[str, Any], uri: str, folder: Path) ->
 NO_CODE, NO_TUNING = "no `code` tag", "tuning runs not saved"
 
 
-def _codes(folder: Path, done: dict[str, dict[str, Any]], final: pd.DataFrame, budget: int) -> dict[str, set[str]]:
-    """The commits (runs' ``code``) of the runs behind each method's row at ``budget``: its first ``budget`` tuning
-    settings' runs (from the phase's saved copy) and its choice's final runs. A phase resumed after a commit, or a
-    method run again alone, mixes them; the table says so."""
+def _codes(folder: Path, done: dict[str, dict[str, Any]], final: pd.DataFrame,
+           budgets: list[int]) -> dict[int, dict[str, set[str]]]:
+    """For each budget, the commits (runs' ``code``) of the runs behind each method's row: its first ``budget``
+    tuning settings' runs (from the phase's saved copy) and its choice's final runs. A phase resumed after a
+    commit, or a method run again alone, mixes them; the table says so."""
     tuning: dict[str, pd.DataFrame | None] = {}
-    codes: dict[str, set[str]] = {}
+    for run in {entry["tune_run"] for entry in done.values()}:
+        path = folder / RUNS / f"{run}.csv"
+        tuning[run] = read_runs(str(path))[0] if path.exists() else None
+    codes: dict[int, dict[str, set[str]]] = {budget: {} for budget in budgets}
     for key, entry in done.items():
-        chosen = entry["chosen"].get(str(budget))
-        if chosen is None:
-            continue
-        run = entry["tune_run"]
-        if run not in tuning:
-            path = folder / RUNS / f"{run}.csv"
-            tuning[run] = read_runs(str(path))[0] if path.exists() else None
-        mine, found = [final.loc[final["setting"] == chosen]] if len(final) else [], set()
-        if (runs := tuning[run]) is None:
-            found.add(NO_TUNING)
-        else:
+        runs = tuning[entry["tune_run"]]
+        if runs is not None:
             runs = runs.loc[runs["setting"].isin(entry["settings"])]
-            first = runs.groupby("setting")["trial"].min().sort_values(kind="stable").index[:budget]  # in draw order
-            mine.append(runs.loc[runs["setting"].isin(first)])
-        for part in mine:
-            found |= {c if isinstance(c, str) and c else NO_CODE for c in part.get("code", [NO_CODE] * len(part))}
-        codes[key] = found
+        for budget in budgets:
+            if (chosen := entry["chosen"].get(str(budget))) is None:
+                continue
+            mine, found = [final.loc[final["setting"] == chosen]] if len(final) else [], set()
+            if runs is None:
+                found.add(NO_TUNING)
+            else:
+                mine.append(runs.loc[runs["setting"].isin(draw_order(runs)[:budget])])
+            for part in mine:
+                found |= {c if isinstance(c, str) and c else NO_CODE for c in part.get("code", [NO_CODE] * len(part))}
+            codes[budget][key] = found
     return codes
 
 
@@ -384,8 +387,8 @@ def _code_note(codes: dict[str, set[str]]) -> str:
         return ("\nCode: not recorded (no run has a `code` tag).\n" if only == (NO_CODE,) else
                 f"\nCode: every run at {' and '.join(only)} (the runs' `code` tag).\n")
     ordered = sorted(groups.items(), key=lambda g: len(g[1]))
-    parts = [f"{' and '.join(c) or 'no runs saved'}: " + (f"the {len(keys)} other methods" if i == len(ordered) - 1 and len(keys) > 6
-                                      else ", ".join(keys))
+    parts = [f"{' and '.join(c) or 'no runs saved'}: "
+             + (f"the {len(keys)} other methods" if i == len(ordered) - 1 and len(keys) > 6 else ", ".join(keys))
              for i, (c, keys) in enumerate(ordered)]
     return "\nCode (the runs' `code` tag; tuning and final runs): " + "; ".join(parts) + ".\n"
 

@@ -194,9 +194,9 @@ def best_settings(runs: pd.DataFrame, metric: str, mode: str = "max", group_by: 
     repeated = int((~latest).sum())
     runs = runs[latest.reindex(runs.index)]  # in their own order (a mean's summation order stays the same)
     for key, tried in runs.groupby(keys, sort=True):
+        order = draw_order(tried)
         if budget is not None:
-            first = tried.groupby("setting")["trial"].min().sort_values(kind="stable")
-            tried = tried[tried["setting"].isin(first.index[:budget])]
+            tried = tried[tried["setting"].isin(order[:budget])]
         # a setting any of whose seeds diverged or was stopped early is not eligible (listed below the table)
         group = tried[~tried["setting"].isin(tried.loc[tried["outcome"] != "finished", "setting"])]
         stopped = int((tried["outcome"] == STOPPED_EARLY).sum())
@@ -208,8 +208,7 @@ def best_settings(runs: pd.DataFrame, metric: str, mode: str = "max", group_by: 
             group = group[~group["setting"].isin(short)]
         by_setting = group.groupby("setting")[ranked].mean().dropna()  # a method may not log it (no global model)
         # in the order they were tried: a tie goes to the setting tried first, as in `fedsweep bench` (bench.choose)
-        by_setting = by_setting.loc[[s for s in group.groupby("setting")["trial"].min().sort_values(kind="stable").index
-                                     if s in by_setting.index]]
+        by_setting = by_setting.loc[[s for s in order if s in by_setting.index]]
         if by_setting.empty:
             if not group.empty:
                 unranked.append(key[0])
@@ -243,6 +242,12 @@ def best_settings(runs: pd.DataFrame, metric: str, mode: str = "max", group_by: 
     table.attrs.update(select_on=select_on, ranked_by=ranked, metric=metric, budget=budget, mode=mode,
                        incomplete=incomplete, unranked=sorted(set(unranked)), repeated=repeated)
     return table
+
+
+def draw_order(runs: pd.DataFrame) -> pd.Index:
+    """The settings of ``runs`` in the order they were tried: by their first trial (its index in the sweep, then
+    its start)."""
+    return runs.groupby("setting")["trial"].min().sort_values(kind="stable").index
 
 
 def selection_line(table: pd.DataFrame) -> str:

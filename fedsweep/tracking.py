@@ -318,10 +318,10 @@ class RunLogger:
 
     def log_round(self, metrics: dict[str, float]) -> None:
         """A round's metrics, held until an evaluation round (or a checkpoint, :meth:`after_written`) at least
-        :data:`LINGER_S` after the last hand-over, which hands them all to the writer in one call (one store round trip for one or several evaluation
-        intervals instead of one per round; docs/performance.md, section 5) and goes on training while the
-        writer's thread writes them; :meth:`flush` hands them sooner and waits until they are written (a
-        scheduler's report), :meth:`finish` at the end and on failure.
+        :data:`LINGER_S` after the last hand-over, which hands them all to the writer in one call (one store round
+        trip for one or several evaluation intervals instead of one per round; docs/performance.md, section 5) and
+        goes on training while the writer's thread writes them; :meth:`flush` hands them sooner and waits until
+        they are written (a scheduler's report), :meth:`finish` at the end and on failure.
         Raises :class:`~fedsweep.metric_writer.TrackingOutage` once the server has not taken metrics for
         ``tracking.outage_limit_s``."""
         from mlflow.entities import Metric

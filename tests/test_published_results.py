@@ -60,7 +60,7 @@ def test_each_cells_tables_are_computed_from_its_saved_final_runs(folder):
     assert compact_markdown(tables, metric) + "\n" == (folder / "compact.md").read_text()
     # each table names the code of its runs (commits differ where a phase resumed after one, or a method ran again)
     for budget, table in tables.items():
-        codes = _codes(folder, done, read_runs(str(folder / f"final_runs_b{budget}.csv"))[0], budget)
+        codes = _codes(folder, done, read_runs(str(folder / f"final_runs_b{budget}.csv"))[0], [budget])[budget]
         note = _code_note({k: codes[k] for k in table["algorithm"]})
         assert (folder / f"table_b{budget}.md").read_text().endswith(note), budget
 

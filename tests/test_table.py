@@ -282,6 +282,6 @@ def test_a_tables_code_line_counts_the_runs_behind_its_budget_only(tmp_path):
     done = {"m": {"tune_run": "tune", "settings": ["s1", "s2", "s3"], "chosen": {"2": "s1", "3": "s3"}},
             "t": {"tune_run": "tune", "settings": ["t1"], "chosen": {"2": "t1", "3": "t1"}},
             "u": {"tune_run": "gone", "settings": ["u1"], "chosen": {"2": "u1", "3": None}}}
-    assert _codes(tmp_path, done, final, 2) == {"m": {"aaa", "bbb"}, "t": {"no `code` tag"}, "u": {"tuning runs not saved"}}
-    assert _codes(tmp_path, done, final, 3) == {"m": {"aaa", "ccc", "ddd"}, "t": {"no `code` tag"}}
+    assert _codes(tmp_path, done, final, [2, 3])[2] == {"m": {"aaa", "bbb"}, "t": {"no `code` tag"}, "u": {"tuning runs not saved"}}
+    assert _codes(tmp_path, done, final, [2, 3])[3] == {"m": {"aaa", "ccc", "ddd"}, "t": {"no `code` tag"}}
     assert _code_note({"t": {"no `code` tag"}}) == "\nCode: not recorded (no run has a `code` tag).\n"
