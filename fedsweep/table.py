@@ -202,7 +202,8 @@ def best_settings(runs: pd.DataFrame, metric: str, mode: str = "max", group_by: 
         stopped = int((tried["outcome"] == STOPPED_EARLY).sum())
         # a setting without a run of every seed its group ran (one crashed, or is running) is not eligible either
         seeds = group.groupby("setting")["seed"].agg(frozenset)
-        short = seeds[seeds != frozenset().union(*seeds)].index
+        every = frozenset().union(*seeds)
+        short = seeds[[s != every for s in seeds]].index
         if len(short):
             incomplete[key[0]] = incomplete.get(key[0], 0) + len(short)
             group = group[~group["setting"].isin(short)]

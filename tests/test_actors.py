@@ -413,8 +413,13 @@ def test_the_local_instances_network_ports_refuse_a_job_without_rays_token(ray_s
 
     import psutil
 
-    agents = [c.laddr for p in psutil.Process().children(recursive=True) if "DashboardAgent" in p.name()
-              for c in p.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN]
+    agents = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if "DashboardAgent" in p.name():
+                agents += [c.laddr for c in p.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN]
+        except psutil.NoSuchProcess:  # a short-lived child (a worker Ray starts and stops) gone meanwhile
+            continue
     host = socket.gethostbyname(socket.gethostname())
     answers = {}
     for addr in agents:
