@@ -323,11 +323,13 @@ class Server:
         rng = np.random.default_rng(stream_seed(self.seed, rnd, _SAMPLE))
         return sorted(int(i) for i in rng.choice(self.trained, size=k, replace=False))
 
-    def payloads(self, client_ids: list[int]) -> dict[int, Payload]:
-        """Each client's payload: the shared part (one array object for all) merged with its own part."""
+    def payloads(self, client_ids: list[int], scoring: bool = False) -> dict[int, Payload]:
+        """Each client's payload: the shared part (one array object for all) merged with its own part (the one it
+        is scored with when ``scoring``)."""
         shared = to_numpy(self.algorithm.server_payload(self.params, self.state)
                           | ({} if self.stats is None else {STATS: self.stats}))
-        own = {c: self.algorithm.client_payload(c, self.params, self.state) for c in client_ids}
+        part = self.algorithm.eval_payload if scoring else self.algorithm.client_payload
+        own = {c: part(c, self.params, self.state) for c in client_ids}
         return {c: shared | to_numpy(own[c]) if own[c] else shared for c in client_ids}
 
     def global_model(self) -> np.ndarray | None:
@@ -366,7 +368,7 @@ class Server:
 
     def evaluate(self, pool: Pool, rnd: int) -> dict[str, float]:
         """Summary over the clients that answered; ``clients_evaluated`` says how many did."""
-        evals = sorted(pool.evaluate(self.payloads(list(range(self.num_clients))), self.global_model(), rnd),
+        evals = sorted(pool.evaluate(self.payloads(list(range(self.num_clients)), scoring=True), self.global_model(), rnd),
                        key=lambda e: e.client_id)
         if evals:
             self.last_evals = evals

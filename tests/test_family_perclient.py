@@ -199,8 +199,19 @@ def test_fedfomo_sends_the_highest_affinity_uploaded_models_and_explores_with_ep
     picks = explore.choose(0, state)
     assert sorted(picks) == [1, 3, 4] and explore.choose(0, state) == picks  # distinct, deterministic (round count)
     assert FedFomo(FedFomoParams(models_per_round=9)).choose(0, state).__len__() == 3  # at most the candidates
+    assert floats(greedy.eval_payload(0, torch.zeros(5), state)) == 0  # scored with its own θ_i: no models sent
     fresh = greedy.init_server_state(torch.ones(5), 5)
     assert greedy.choose(0, fresh) == [] and floats(greedy.client_payload(0, torch.zeros(5), fresh)) == 0  # round 1: alone
+
+
+def test_fedfomo_evaluation_sends_no_models_where_training_sends_m_per_client():
+    """An evaluation scores every client with the θ_i it keeps: its payloads hold none of the n·M models a training
+    payload for every client would copy (the server's own payloads, after two rounds)."""
+    _, server = run_local(config("fedfomo", rounds=2, models_per_round=2))
+    ids = list(range(server.num_clients))
+    sent = [p["models"] for p in server.payloads(ids).values()]
+    assert sum(m.shape[0] for m in sent) > len(ids) and all(m.shape[1:] == (server.model_floats,) for m in sent)
+    assert all("models" not in p for p in server.payloads(ids, scoring=True).values())
 
 
 def test_fedfomo_held_out_split_is_part_of_the_training_data_and_fixed():

@@ -9,8 +9,8 @@ An algorithm works on flat parameter vectors; :attr:`fedsweep.models.FlatModel.l
    merged with its own :meth:`Algorithm.client_payload` (empty by default), runs
    :meth:`Algorithm.client_update` with its persistent state and returns a message;
 3. the server runs :meth:`Algorithm.server_update` on the aggregated clients' messages and its own state;
-4. on the evaluation cadence every client scores :meth:`Algorithm.personalize` on its own test data, and the
-   global model (:meth:`Algorithm.global_model`; None for methods without one) where there is one.
+4. on the evaluation cadence every client scores :meth:`Algorithm.personalize` (of the shared payload merged with
+   its own :meth:`Algorithm.eval_payload`) on its own test data, and the global model (:meth:`Algorithm.global_model`; None for methods without one) where there is one.
 
 Transmissions are the floats of the payloads and messages themselves. An algorithm is registered once, by
 :func:`register`. The pools in :mod:`fedsweep.federation` and :mod:`actors` only move these tensors around.
@@ -319,6 +319,12 @@ class Algorithm(ABC):
     def client_payload(self, client_id: int, global_params: torch.Tensor, server_state: State) -> State:
         """What client ``client_id`` alone receives besides :meth:`server_payload` (its own model, FedAMP)."""
         return {}
+
+    def eval_payload(self, client_id: int, global_params: torch.Tensor, server_state: State) -> State:
+        """What client ``client_id`` alone receives to be scored (:meth:`personalize`'s payload, besides
+        :meth:`server_payload`): its training part by default; a method whose :meth:`personalize` reads no part of
+        it sends less (FedFomo: nothing, where training sends M other clients' models)."""
+        return self.client_payload(client_id, global_params, server_state)
 
     def global_model(self, global_params: torch.Tensor, server_state: State) -> torch.Tensor | None:
         """The model scored as the global one; None for a method without one (its global metrics are absent)."""

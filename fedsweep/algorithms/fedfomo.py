@@ -27,7 +27,7 @@ train. The sweep's validation data is never used. Losses on V_i are evaluated wi
 statistics. ‖·‖ is the L2 norm (the paper's; ``distance: l1`` is the authors' code default).
 
 Floats per sampled client and round: M·P down (M ≤ ``models_per_round``), P + M up. No global model; a client is
-scored with its own θ_i, which stays on the client (a copy on the server). Reads: β (``local_lr``), τ, r; its own
+scored with its own θ_i, which stays on the client (a copy on the server): an evaluation sends no models. Reads: β (``local_lr``), τ, r; its own
 settings M (``models_per_round``), ε (``epsilon``), ``epsilon_decay``, f (``holdout_fraction``), ``distance``.
 """
 
@@ -120,6 +120,9 @@ class FedFomo(Algorithm):
 
     def client_payload(self, client_id: int, global_params: torch.Tensor, server_state: State) -> State:
         return {"models": server_state["models"][torch.tensor(self.choose(client_id, server_state), dtype=torch.long)]}
+
+    def eval_payload(self, client_id: int, global_params: torch.Tensor, server_state: State) -> State:
+        return {}  # a client is scored with its own θ_i: the n·M models a training payload would copy go nowhere
 
     def weigh(self, ctx: ClientContext, theta: torch.Tensor, models: torch.Tensor, held_out: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """(w_n normalized, d_n / |Σ d|): the update weights and the affinity report of the downloaded models."""
