@@ -384,8 +384,11 @@ def _code_note(codes: dict[str, set[str]]) -> str:
         groups.setdefault(tuple(sorted(commits)), []).append(key)
     if len(groups) == 1:
         only = next(iter(groups))
-        return ("\nCode: not recorded (no run has a `code` tag).\n" if only == (NO_CODE,) else
-                f"\nCode: every run at {' and '.join(only)} (the runs' `code` tag).\n")
+        if only == (NO_CODE,):
+            return "\nCode: not recorded (no run has a `code` tag).\n"
+        if not {NO_CODE, NO_TUNING} & set(only):
+            return f"\nCode: every run at {' and '.join(only)} (the runs' `code` tag).\n"
+        return f"\nCode (the runs' `code` tag; tuning and final runs): {' and '.join(only)}, every method.\n"
     ordered = sorted(groups.items(), key=lambda g: len(g[1]))
     parts = [f"{' and '.join(c) or 'no runs saved'}: "
              + (f"the {len(keys)} other methods" if i == len(ordered) - 1 and len(keys) > 6 else ", ".join(keys))

@@ -189,12 +189,15 @@ def best_settings(runs: pd.DataFrame, metric: str, mode: str = "max", group_by: 
     # a (setting, seed) run by several sweeps of an experiment (read without --sweep-run) counts once, its latest run:
     # pooled, each would count as one more seed and narrow the CI
     runs = runs.fillna({k: "" for k in keys})
+    # the order the settings were tried in, read before the de-duplication: a setting drawn again later was still
+    # tried first at its first draw (as bench.choose reads a search's every run)
+    tried_first = {key: draw_order(tried) for key, tried in runs.groupby(keys, sort=True)}
     order = runs["trial"].map(lambda t: t[1]).sort_values(kind="stable").index
     latest = ~runs.loc[order].duplicated(keys + ["setting", "seed"], keep="last")
     repeated = int((~latest).sum())
     runs = runs[latest.reindex(runs.index)]  # in their own order (a mean's summation order stays the same)
     for key, tried in runs.groupby(keys, sort=True):
-        order = draw_order(tried)
+        order = tried_first[key]
         if budget is not None:
             tried = tried[tried["setting"].isin(order[:budget])]
         # a setting any of whose seeds diverged or was stopped early is not eligible (listed below the table)

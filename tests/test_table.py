@@ -255,6 +255,12 @@ def test_a_tie_goes_to_the_setting_tried_first_as_in_bench():
     runs["personalized_accuracy_mean"] = 0.5
     assert best_settings(runs, "personalized_accuracy_mean").loc[0, "setting key"] == "zz"
     assert best_settings(runs, "personalized_accuracy_mean", mode="min").loc[0, "setting key"] == "zz"
+    # a setting drawn again later (a random search's repeat; pooled sweeps) was still tried first: its latest runs
+    # count, its first draw orders it, with and without a budget
+    again = pd.concat([runs, runs.loc[runs["setting"] == "zz"].assign(trial=[(2, 2)] * 2)], ignore_index=True)
+    for budget in (None, 1):
+        assert best_settings(again, "personalized_accuracy_mean", budget=budget).loc[0, "setting key"] == "zz"
+        assert choose(again, "personalized_accuracy_mean", "max", budget or 3) == "zz"
 
 
 def test_a_tables_code_line_names_each_commit_with_the_methods_it_ran():
@@ -266,6 +272,11 @@ def test_a_tables_code_line_names_each_commit_with_the_methods_it_ran():
         "\nCode (the runs' `code` tag; tuning and final runs): bbb: fedamp; aaa and bbb: x; aaa: the 7 other methods.\n")
     assert _code_note({"a": {"aaa"}, "b": {"bbb"}, "c": set()}) == (
         "\nCode (the runs' `code` tag; tuning and final runs): aaa: a; bbb: b; no runs saved: c.\n")
+    # one group with runs of unknown code is not "every run at" its commit
+    assert _code_note({"a": {"aaa", "tuning runs not saved"}, "b": {"aaa", "tuning runs not saved"}}) == (
+        "\nCode (the runs' `code` tag; tuning and final runs): aaa and tuning runs not saved, every method.\n")
+    assert _code_note({"a": {"aaa", "no `code` tag"}}) == (
+        "\nCode (the runs' `code` tag; tuning and final runs): aaa and no `code` tag, every method.\n")
 
 
 def test_a_tables_code_line_counts_the_runs_behind_its_budget_only(tmp_path):
