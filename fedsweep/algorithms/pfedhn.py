@@ -52,7 +52,7 @@ class PFedHNParams(HyperParameters):
         1.0, gt=0, validation_alias=aliases("server_lr", "eta", "η"), description="η: step of the hypernetwork's parameters φ."
     )
     embedding_lr: float | None = Field(None, gt=0, description="η_v: step of the client embeddings; null = server_lr.")
-    embedding_dim: int | None = Field(None, ge=1, description="e: embedding size; null = 1 + n/4 (the authors' default).")
+    embedding_dim: int | None = Field(None, ge=1, description="e: embedding size; null = 1 + n/4 (the authors' default), n counting every client, held-out ones included.")
     hidden_width: int = Field(32, ge=1, description="H: width of the hypernetwork's hidden layers (the output layer has H·P weights).")
     hidden_layers: int = Field(1, ge=0, description="Hidden H×H layers after the first (the authors' n_hidden).")
 
