@@ -346,6 +346,7 @@ def write_tables(bench: Bench, state: dict[str, Any], uri: str, folder: Path) ->
 
 
 NO_CODE, NO_TUNING = "no `code` tag", "tuning runs not saved"
+_CODES = "\nCode (the runs' `code` tag; tuning and final runs): "
 
 
 def _codes(folder: Path, done: dict[str, dict[str, Any]], final: pd.DataFrame,
@@ -388,12 +389,12 @@ def _code_note(codes: dict[str, set[str]]) -> str:
             return "\nCode: not recorded (no run has a `code` tag).\n"
         if not {NO_CODE, NO_TUNING} & set(only):
             return f"\nCode: every run at {' and '.join(only)} (the runs' `code` tag).\n"
-        return f"\nCode (the runs' `code` tag; tuning and final runs): {' and '.join(only)}, every method.\n"
+        return f"{_CODES}{' and '.join(only)}, every method.\n"
     ordered = sorted(groups.items(), key=lambda g: len(g[1]))
     parts = [f"{' and '.join(c) or 'no runs saved'}: "
              + (f"the {len(keys)} other methods" if i == len(ordered) - 1 and len(keys) > 6 else ", ".join(keys))
              for i, (c, keys) in enumerate(ordered)]
-    return "\nCode (the runs' `code` tag; tuning and final runs): " + "; ".join(parts) + ".\n"
+    return _CODES + "; ".join(parts) + ".\n"
 
 
 def _absent_note(bench: Bench, methods: dict[str, dict[str, Any]], rows: set[str], budget: int) -> str:

@@ -368,8 +368,8 @@ class Server:
 
     def evaluate(self, pool: Pool, rnd: int) -> dict[str, float]:
         """Summary over the clients that answered; ``clients_evaluated`` says how many did."""
-        evals = sorted(pool.evaluate(self.payloads(list(range(self.num_clients)), scoring=True), self.global_model(), rnd),
-                       key=lambda e: e.client_id)
+        payloads = self.payloads(list(range(self.num_clients)), scoring=True)
+        evals = sorted(pool.evaluate(payloads, self.global_model(), rnd), key=lambda e: e.client_id)
         if evals:
             self.last_evals = evals
         trained = [e for e in evals if e.client_id < self.trained]

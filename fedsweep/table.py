@@ -197,9 +197,9 @@ def best_settings(runs: pd.DataFrame, metric: str, mode: str = "max", group_by: 
     repeated = int((~latest).sum())
     runs = runs[latest.reindex(runs.index)]  # in their own order (a mean's summation order stays the same)
     for key, tried in runs.groupby(keys, sort=True):
-        order = tried_first[key]
+        first = tried_first[key]
         if budget is not None:
-            tried = tried[tried["setting"].isin(order[:budget])]
+            tried = tried[tried["setting"].isin(first[:budget])]
         # a setting any of whose seeds diverged or was stopped early is not eligible (listed below the table)
         group = tried[~tried["setting"].isin(tried.loc[tried["outcome"] != "finished", "setting"])]
         stopped = int((tried["outcome"] == STOPPED_EARLY).sum())
@@ -212,7 +212,7 @@ def best_settings(runs: pd.DataFrame, metric: str, mode: str = "max", group_by: 
             group = group[~group["setting"].isin(short)]
         by_setting = group.groupby("setting")[ranked].mean().dropna()  # a method may not log it (no global model)
         # in the order they were tried: a tie goes to the setting tried first, as in `fedsweep bench` (bench.choose)
-        by_setting = by_setting.loc[[s for s in order if s in by_setting.index]]
+        by_setting = by_setting.loc[[s for s in first if s in by_setting.index]]
         if by_setting.empty:
             if not group.empty:
                 unranked.append(key[0])

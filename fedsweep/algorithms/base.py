@@ -10,7 +10,8 @@ An algorithm works on flat parameter vectors; :attr:`fedsweep.models.FlatModel.l
    :meth:`Algorithm.client_update` with its persistent state and returns a message;
 3. the server runs :meth:`Algorithm.server_update` on the aggregated clients' messages and its own state;
 4. on the evaluation cadence every client scores :meth:`Algorithm.personalize` (of the shared payload merged with
-   its own :meth:`Algorithm.eval_payload`) on its own test data, and the global model (:meth:`Algorithm.global_model`; None for methods without one) where there is one.
+   its own :meth:`Algorithm.eval_payload`) on its own test data, and the global model
+   (:meth:`Algorithm.global_model`; None for methods without one) where there is one.
 
 Transmissions are the floats of the payloads and messages themselves. An algorithm is registered once, by
 :func:`register`. The pools in :mod:`fedsweep.federation` and :mod:`actors` only move these tensors around.

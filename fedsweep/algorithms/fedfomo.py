@@ -27,8 +27,8 @@ train. The sweep's validation data is never used. Losses on V_i are evaluated wi
 statistics. ‖·‖ is the L2 norm (the paper's; ``distance: l1`` is the authors' code default).
 
 Floats per sampled client and round: M·P down (M ≤ ``models_per_round``), P + M up. No global model; a client is
-scored with its own θ_i, which stays on the client (a copy on the server): an evaluation sends no models. Reads: β (``local_lr``), τ, r; its own
-settings M (``models_per_round``), ε (``epsilon``), ``epsilon_decay``, f (``holdout_fraction``), ``distance``.
+scored with its own θ_i, which stays on the client (a copy on the server): an evaluation sends no models.
+Reads: β (``local_lr``), τ, r; its own settings M (``models_per_round``), ε (``epsilon``), ``epsilon_decay``, f (``holdout_fraction``), ``distance``.
 """
 
 from __future__ import annotations
