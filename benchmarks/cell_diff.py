@@ -9,7 +9,9 @@ of a setting both folders ran, seed for seed (equal to the last digit, or moved:
 the ranking metric); the rows (means over the final seeds, ``table_b<B>.csv``) that moved, how many of them in the two
 decimals ``compact.md`` shows (not the rows that moved by half a hundredth or more: 93.816 and 93.819 show alike, 93.814 and 93.816 do not), by how much, and
 which left their old 95% CI; Spearman's ρ between the two orders of the rows; the top five of each (ties, such as
-FedBN's and FedAvg's identical rows, kept in the table's order). With ``--docs``:
+FedBN's and FedAvg's identical rows, kept in the table's order). Then every run both folders saved (``runs/``: the
+tuning trials and the final runs; a folder of some methods only, such as a ``--methods`` run on another CPU, is
+compared by the runs it has): how many are equal in every metric column and their outcome. With ``--docs``:
 every line of the documents that quotes a ``mean ± CI`` of the old ``compact.md`` that the new one no longer holds
 (across line breaks), the comparisons a publication of the new folder must rewrite.
 """
@@ -63,6 +65,28 @@ def compare(new: Path, old: Path, budget: int) -> dict:
     }
 
 
+def every_run(new: Path, old: Path) -> dict:
+    """Every saved run of ``new`` (``runs/*.csv``) matched by (setting, seed) with ``old``'s: how many are equal in their
+    outcome and every metric column (NaN equal to NaN; the seconds a run took and its bookkeeping are not metrics),
+    and the (setting label, seed) of those that are not."""
+    def runs(folder: Path) -> pd.DataFrame:
+        saved = [read_runs(str(f))[0] for f in sorted((folder / "runs").glob("*.csv"))]
+        # a run kept twice (a tuning sweep restarted by --resume) counts once, its latest copy
+        return pd.concat(saved, ignore_index=True).drop_duplicates(["setting", "seed"], keep="last") if saved else pd.DataFrame()
+
+    runs_new, runs_old = runs(new), runs(old)
+    if runs_new.empty or runs_old.empty:
+        return {"runs": len(runs_new), "compared": 0, "equal": 0, "columns": 0, "differ": []}
+    metrics = [c for c in runs_new.columns if c in runs_old.columns and not c.startswith("param:") and c != "seed"
+               and not c.endswith("_s") and runs_new[c].dtype.kind in "fi"]
+    both = runs_new.merge(runs_old, on=["setting", "seed"], suffixes=("", "_old"))
+    same = both["outcome"] == both["outcome_old"]
+    for c in metrics:
+        same &= (both[c] == both[f"{c}_old"]) | (both[c].isna() & both[f"{c}_old"].isna())
+    return {"runs": len(runs_new), "compared": len(both), "equal": int(same.sum()), "columns": len(metrics),
+            "differ": [(r.setting_label, int(r.seed)) for r in both[~same].itertuples()]}
+
+
 def stale_quotes(new: Path, old: Path, docs=DOCS) -> list[str]:
     """``file:line: quote`` for each quote of the old compact.md's numbers that the new one does not hold."""
     numbers = {f: {f"{m} ± {c}" for m, c in QUOTE.findall((f / "compact.md").read_text())} for f in (new, old)}
@@ -91,6 +115,10 @@ def main(argv: list[str] | None = None) -> None:
               f"{d['rows_moved']} of {d['rows']} rows moved ({d['rows_moved_shown']} in the two decimals shown), at most {d['row_move_max']:.2f} ({d['row_move_max_at']}), "
               f"outside their old CI: {d['rows_outside_old_ci']}; Spearman {d['spearman']:.3f}; "
               f"top five {d['top5']['new']} (before {d['top5']['old']})")
+    d = every_run(args.new, args.old)
+    more = f" and {len(d['differ']) - 10} more" if len(d["differ"]) > 10 else ""
+    print(f"every saved run (runs/): {d['runs']} in the new folder, {d['compared']} of them in the old; {d['equal']} equal in "
+          f"their outcome and all {d['columns']} metric columns; differ: {d['differ'][:10]}{more}")
     if args.docs:
         print("\n".join(stale_quotes(args.new, args.old)) or "no document quotes a number that moved")
 

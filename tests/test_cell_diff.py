@@ -8,7 +8,7 @@ import json
 import pandas as pd
 import pytest
 
-from benchmarks.cell_diff import compare, main, stale_quotes
+from benchmarks.cell_diff import compare, every_run, main, stale_quotes
 
 M = "personalized_accuracy_mean"
 
@@ -82,3 +82,34 @@ def test_the_command_prints_each_budget(cells, capsys):
     main([str(new), str(old)])
     out = capsys.readouterr().out
     assert out.startswith("budget 16: 1 of 3 choices moved ['b']; of 6 final runs of a setting both ran, 5 equal, 1 moved")
+
+
+def _saved(folder, name: str, rows: list[dict]):
+    """A phase's runs as `fedsweep bench` keeps them (``runs/<sweep run id>.csv``)."""
+    (folder / "runs").mkdir(exist_ok=True)
+    base = {"run_id": "r", "algorithm": "a", "setting_label": "method=a", "outcome": "finished", "trial_index": 0,
+            "trial_start": 0, "wall_time_s": 1.0, "param:algorithm.local_lr": "0.1"}
+    pd.DataFrame([{**base, **r} for r in rows]).to_csv(folder / "runs" / f"{name}.csv", index=False)
+
+
+def test_every_saved_run_is_compared_in_its_outcome_and_every_metric_column_times_left_out(cells, capsys):
+    """Tuning and final runs alike, matched by (setting, seed): a NaN metric on both sides is equal, a run whose
+    wall time alone differs is equal, one metric or the outcome differing is not; a run only in the new folder is
+    counted, not compared; a run the folder kept twice (a restarted sweep) counts once, its latest copy."""
+    new, old = cells
+    runs = [{"setting": "s1", "seed": 0, M: 0.5, "rounds_to_target": float("nan")},
+            {"setting": "s2", "seed": 0, M: 0.6, "rounds_to_target": 10.0},
+            {"setting": "s3", "seed": 0, M: 0.7, "rounds_to_target": 10.0},
+            {"setting": "s4", "seed": 1, M: 0.8, "rounds_to_target": 10.0}]
+    _saved(old, "tune", runs)
+    moved = [dict(r) for r in runs]
+    moved[0]["wall_time_s"] = 9.0  # seconds are not a metric
+    moved[1][M] = 0.6000001
+    moved[2]["outcome"] = "diverged"
+    _saved(new, "tune", [{**moved[3], M: 0.1}, *moved])  # s4's first copy (a restarted sweep's) is not the one kept
+    _saved(new, "final", [{"setting": "s9", "seed": 1, M: 0.9, "rounds_to_target": 5.0, "setting_label": "method=b"}])
+    d = every_run(new, old)
+    assert (d["runs"], d["compared"], d["equal"], d["columns"]) == (5, 4, 2, 2)
+    assert d["differ"] == [("method=a", 0), ("method=a", 0)]
+    main([str(new), str(old)])
+    assert "every saved run (runs/): 5 in the new folder, 4 of them in the old; 2 equal in their outcome and all 2 metric columns" in capsys.readouterr().out

@@ -11,7 +11,8 @@ with h_0 = x, h_l = a_l(h_{l-1} W_lᵀ + b_l) and p = log_softmax(h_L),
 
 with the very kernels, operands, strides and order of autograd's formulas for ``matmul`` (``bmm``), the bias's
 broadcast (a sum over the batch), the activations, ``log_softmax`` and ``nll_loss``, so the values are the same to
-the last bit (``tests/test_stacked.py`` compares them for every shape and activation tried) — without recording
+the last bit (``tests/test_stacked.py`` compares them for every shape and activation tried; but each weight's
+gradient, below, on an AMD CPU with MKL's own branch: the last bits of some shapes differ there) — without recording
 the graph and running its engine, and with each weight's gradient written in the vector's own layout: 0.91 → 0.54
 ms a stacked step of the MNIST MLP's ten clients, 0.33 → 0.23 ms of the 60-input MLP's (issue 35's peer workloads,
 one thread; docs/performance.md, "Fifty-first session").
@@ -87,8 +88,10 @@ def stacked_cross_entropy(model: FlatModel, matrix: torch.Tensor, x: torch.Tenso
             if has_bias:
                 parts[prefix + "bias"].copy_(g.sum(1, keepdim=True).squeeze(1))
             # autograd's (inputsᵀ g)ᵀ, computed as gᵀ inputs straight into the vector's [out, in] layout: the
-            # same products and sums (equal in every shape tried, k up to 3,000, on AVX-512 and AVX2), without
-            # copying the transposed result
+            # same products and sums (equal in every shape tried, k up to 3,000, on AVX-512 and AVX2, on an Intel
+            # CPU, and with MKL's COMPATIBLE branch on an AMD one; with MKL's own branch an AMD CPU sums the two
+            # operand orders apart in the last bits), without copying the transposed result: autograd's order
+            # with that copy made the MNIST MLP's stacked step 1.29× as long on the AMD EPYC (2026-12-06)
             torch.bmm(g.transpose(1, 2), inputs, out=parts[prefix + "weight"])
             if inputs is not x:
                 g = g.bmm(weight_t.transpose(1, 2))
