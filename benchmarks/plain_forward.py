@@ -2,7 +2,9 @@
 
 An MLR or an MLP without normalization runs layer by layer on views of its parameter vector, and its stacked
 clients as batched products (``FlatModel._plain``, ``FlatModel.rows``); every other model through
-``torch.func.functional_call``, under ``torch.func.vmap`` when stacked. Both give the same numbers bit for bit.
+``torch.func.functional_call``, under ``torch.func.vmap`` when stacked. Both give the same numbers bit for bit
+(on an AMD CPU only with MKL's COMPATIBLE branch, ``MKL_CBWR=COMPATIBLE``: with its own branch the stacked
+gradients differ in the last bits there; ``tests/test_stacked.py``).
 This times a whole run (``fedsweep.engine.run_local``, one torch thread) of a workload of ``pfl_peer.py`` in the
 layout fedsweep chooses (clients stacked) and one by one, each with the direct path and with the general path
 (``fedsweep.models._plain_layers`` replaced so that no model counts as plain), alternated in one process, and
