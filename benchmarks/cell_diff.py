@@ -9,9 +9,10 @@ of a setting both folders ran, seed for seed (equal to the last digit, or moved:
 the ranking metric); the rows (means over the final seeds, ``table_b<B>.csv``) that moved, how many of them in the two
 decimals ``compact.md`` shows (not the rows that moved by half a hundredth or more: 93.816 and 93.819 show alike, 93.814 and 93.816 do not), by how much, and
 which left their old 95% CI; Spearman's ρ between the two orders of the rows; the top five of each (ties, such as
-FedBN's and FedAvg's identical rows, kept in the table's order). Then every run both folders saved (``runs/``: the
-tuning trials and the final runs; a folder of some methods only, such as a ``--methods`` run on another CPU, is
-compared by the runs it has): how many are equal in every metric column and their outcome. With ``--docs``:
+FedBN's and FedAvg's identical rows, kept in the table's order). Then every run both folders record (the phases
+``bench_state.json`` names, from ``runs/``: the tuning trials and the final runs; a folder of some methods only, such
+as a ``--methods`` run on another CPU, is compared by the runs it has): how many are equal in their outcome and every
+metric column. With ``--docs``:
 every line of the documents that quotes a ``mean ± CI`` of the old ``compact.md`` that the new one no longer holds
 (across line breaks), the comparisons a publication of the new folder must rewrite.
 """
@@ -65,16 +66,26 @@ def compare(new: Path, old: Path, budget: int) -> dict:
     }
 
 
-def every_run(new: Path, old: Path) -> dict:
-    """Every saved run of ``new`` (``runs/*.csv``) matched by (setting, seed) with ``old``'s: how many are equal in their
-    outcome and every metric column (NaN equal to NaN; the seconds a run took and its bookkeeping are not metrics),
-    and the (setting label, seed) of those that are not."""
-    def runs(folder: Path) -> pd.DataFrame:
-        saved = [read_runs(str(f))[0] for f in sorted((folder / "runs").glob("*.csv"))]
-        # a run kept twice (a tuning sweep restarted by --resume) counts once, its latest copy
-        return pd.concat(saved, ignore_index=True).drop_duplicates(["setting", "seed"], keep="last") if saved else pd.DataFrame()
+def recorded_runs(folder: Path) -> pd.DataFrame:
+    """The runs of the phases ``bench_state.json`` names for each method, from their saved copies (``runs/``): its
+    tuning sweep's runs of its own settings and its final sweep's runs of its chosen ones. A phase run again (FedAMP's
+    after its fix) replaces the one before, whose copy stays in ``runs/``; a phase without a saved copy is left out."""
+    by_sweep: dict[str, pd.DataFrame] = {}
+    parts = []
+    for entry in read_state(folder).get("methods", {}).values():
+        chosen = [s for s in entry.get("chosen", {}).values() if s is not None]
+        for phase, settings in (("tune_run", entry.get("settings", [])), ("final_run", chosen)):
+            if (run_id := entry.get(phase)) and (path := folder / "runs" / f"{run_id}.csv").exists():
+                runs = by_sweep.setdefault(run_id, read_runs(str(path))[0])
+                parts.append(runs[runs["setting"].isin(settings)])
+    return pd.concat(parts, ignore_index=True).drop_duplicates(["setting", "seed"]) if parts else pd.DataFrame()
 
-    runs_new, runs_old = runs(new), runs(old)
+
+def every_run(new: Path, old: Path) -> dict:
+    """Every recorded run of ``new`` (:func:`recorded_runs`) matched by (setting, seed) with ``old``'s: how many are
+    equal in their outcome and every metric column (NaN equal to NaN; the seconds a run took and its bookkeeping are
+    not metrics), and the (setting label, setting, seed) of those that are not."""
+    runs_new, runs_old = recorded_runs(new), recorded_runs(old)
     if runs_new.empty or runs_old.empty:
         return {"runs": len(runs_new), "compared": 0, "equal": 0, "columns": 0, "differ": []}
     metrics = [c for c in runs_new.columns if c in runs_old.columns and not c.startswith("param:") and c != "seed"
@@ -84,7 +95,7 @@ def every_run(new: Path, old: Path) -> dict:
     for c in metrics:
         same &= (both[c] == both[f"{c}_old"]) | (both[c].isna() & both[f"{c}_old"].isna())
     return {"runs": len(runs_new), "compared": len(both), "equal": int(same.sum()), "columns": len(metrics),
-            "differ": [(r.setting_label, int(r.seed)) for r in both[~same].itertuples()]}
+            "differ": [(r.setting_label, r.setting, int(r.seed)) for r in both[~same].itertuples()]}
 
 
 def stale_quotes(new: Path, old: Path, docs=DOCS) -> list[str]:
@@ -117,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
               f"top five {d['top5']['new']} (before {d['top5']['old']})")
     d = every_run(args.new, args.old)
     more = f" and {len(d['differ']) - 10} more" if len(d["differ"]) > 10 else ""
-    print(f"every saved run (runs/): {d['runs']} in the new folder, {d['compared']} of them in the old; {d['equal']} equal in "
+    print(f"every recorded run: {d['runs']} in the new folder, {d['compared']} of them in the old; {d['equal']} equal in "
           f"their outcome and all {d['columns']} metric columns; differ: {d['differ'][:10]}{more}")
     if args.docs:
         print("\n".join(stale_quotes(args.new, args.old)) or "no document quotes a number that moved")

@@ -38,8 +38,8 @@ from benchmarks._harness import ROOT, median, repeat
 SWEEP = ROOT / "sweeps" / "default.yaml"
 #: The machines whose every CPU should print the README's table: PyTorch's AVX2 kernels are one code on every x86-64
 #: CPU, and MKL's COMPATIBLE branch (SSE2 without the approximate reciprocals) is the one it does not tie to Intel CPUs
-#: (its AUTO branch picks kernels by the CPU's maker and model: README, "The two commands"; checked on an Intel Xeon,
-#: not yet on an AMD CPU). Elsewhere a difference is printed, not counted as a failure; the repetitions are still
+#: (its AUTO branch picks kernels by the CPU's maker and model: README, "The two commands"; checked on an Intel Xeon
+#: and an AMD EPYC). Elsewhere a difference is printed, not counted as a failure; the repetitions are still
 #: compared with each other.
 README_MACHINE = "(x86_64)"
 

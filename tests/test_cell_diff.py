@@ -84,32 +84,41 @@ def test_the_command_prints_each_budget(cells, capsys):
     assert out.startswith("budget 16: 1 of 3 choices moved ['b']; of 6 final runs of a setting both ran, 5 equal, 1 moved")
 
 
-def _saved(folder, name: str, rows: list[dict]):
-    """A phase's runs as `fedsweep bench` keeps them (``runs/<sweep run id>.csv``)."""
+def _recorded(folder, phases: dict[str, list[dict]], state: dict[str, dict]):
+    """A folder's saved phases (``runs/<sweep run id>.csv``, newest run first, as MLflow lists them) and the state that
+    names which phase holds each method's runs (replacing the chosen-only state of :func:`_cell`)."""
     (folder / "runs").mkdir(exist_ok=True)
-    base = {"run_id": "r", "algorithm": "a", "setting_label": "method=a", "outcome": "finished", "trial_index": 0,
-            "trial_start": 0, "wall_time_s": 1.0, "param:algorithm.local_lr": "0.1"}
-    pd.DataFrame([{**base, **r} for r in rows]).to_csv(folder / "runs" / f"{name}.csv", index=False)
+    base = {"run_id": "r", "algorithm": "a", "outcome": "finished", "trial_index": 0, "wall_time_s": 1.0,
+            "param:algorithm.local_lr": "0.1", "rounds_to_target": float("nan")}
+    for name, rows in phases.items():
+        pd.DataFrame([{**base, "setting_label": f"method={r['setting'][0]}", "trial_start": 100 - i, **r}
+                      for i, r in enumerate(rows)]).to_csv(folder / "runs" / f"{name}.csv", index=False)
+    (folder / "bench_state.json").write_text(json.dumps({"methods": state}))
 
 
-def test_every_saved_run_is_compared_in_its_outcome_and_every_metric_column_times_left_out(cells, capsys):
-    """Tuning and final runs alike, matched by (setting, seed): a NaN metric on both sides is equal, a run whose
-    wall time alone differs is equal, one metric or the outcome differing is not; a run only in the new folder is
-    counted, not compared; a run the folder kept twice (a restarted sweep) counts once, its latest copy."""
+def test_every_recorded_run_is_compared_in_its_outcome_and_every_metric_column_times_left_out(cells, capsys):
+    """Tuning and final runs alike, each method's from the phases its state names, matched by (setting, seed): a NaN
+    metric on both sides is equal, a run whose wall time alone differs is equal, one metric or the outcome differing
+    is not; a run only in the new folder is counted, not compared. A phase run again (FedAMP's after its fix) replaces
+    the one before, whose copy stays in runs/: the superseded copy is never read, whichever file or row comes first."""
     new, old = cells
-    runs = [{"setting": "s1", "seed": 0, M: 0.5, "rounds_to_target": float("nan")},
-            {"setting": "s2", "seed": 0, M: 0.6, "rounds_to_target": 10.0},
-            {"setting": "s3", "seed": 0, M: 0.7, "rounds_to_target": 10.0},
-            {"setting": "s4", "seed": 1, M: 0.8, "rounds_to_target": 10.0}]
-    _saved(old, "tune", runs)
-    moved = [dict(r) for r in runs]
+    tuning = [{"setting": "a1", "seed": 0, M: 0.5}, {"setting": "a2", "seed": 0, M: 0.6},
+              {"setting": "b1", "seed": 0, M: 0.7}, {"setting": "b2", "seed": 0, M: 0.8}]
+    final = [{"setting": "a2", "seed": s, M: 0.61 + s, "rounds_to_target": 5.0} for s in (1, 2)]
+    state = {"a": {"settings": ["a1", "a2"], "chosen": {"16": "a2", "4": "a1"}, "tune_run": "t", "final_run": "f"},
+             "b": {"settings": ["b1", "b2"], "chosen": {"16": "b2"}, "tune_run": "t2", "final_run": "f"}}
+    superseded = [{**r, M: 0.0, "outcome": "diverged"} for r in tuning[2:]]
+    # the old folder: b's first tuning (in "t", the whole cell's sweep) superseded by its rerun "t2"
+    _recorded(old, {"t": tuning[:2] + superseded, "t2": tuning[2:], "f": final}, state)
+    moved = [dict(r) for r in tuning]
     moved[0]["wall_time_s"] = 9.0  # seconds are not a metric
     moved[1][M] = 0.6000001
     moved[2]["outcome"] = "diverged"
-    _saved(new, "tune", [{**moved[3], M: 0.1}, *moved])  # s4's first copy (a restarted sweep's) is not the one kept
-    _saved(new, "final", [{"setting": "s9", "seed": 1, M: 0.9, "rounds_to_target": 5.0, "setting_label": "method=b"}])
+    extra = {"setting": "c1", "seed": 1, M: 0.9}
+    _recorded(new, {"t": moved[:2], "t2": moved[2:], "f": final + [extra]},
+              {**state, "c": {"settings": ["c1"], "chosen": {"16": "c1"}, "final_run": "f"}})
     d = every_run(new, old)
-    assert (d["runs"], d["compared"], d["equal"], d["columns"]) == (5, 4, 2, 2)
-    assert d["differ"] == [("method=a", 0), ("method=a", 0)]
+    assert (d["runs"], d["compared"], d["equal"], d["columns"]) == (7, 6, 4, 2)
+    assert d["differ"] == [("method=a", "a2", 0), ("method=b", "b1", 0)]
     main([str(new), str(old)])
-    assert "every saved run (runs/): 5 in the new folder, 4 of them in the old; 2 equal in their outcome and all 2 metric columns" in capsys.readouterr().out
+    assert "every recorded run: 7 in the new folder, 6 of them in the old; 4 equal in their outcome and all 2 metric columns" in capsys.readouterr().out

@@ -89,9 +89,10 @@ def stacked_cross_entropy(model: FlatModel, matrix: torch.Tensor, x: torch.Tenso
                 parts[prefix + "bias"].copy_(g.sum(1, keepdim=True).squeeze(1))
             # autograd's (inputsᵀ g)ᵀ, computed as gᵀ inputs straight into the vector's [out, in] layout: the
             # same products and sums (equal in every shape tried, k up to 3,000, on AVX-512 and AVX2, on an Intel
-            # CPU, and with MKL's COMPATIBLE branch on an AMD one; with MKL's own branch an AMD CPU sums the two
-            # operand orders apart in the last bits), without copying the transposed result: autograd's order
-            # with that copy made the MNIST MLP's stacked step 1.29× as long on the AMD EPYC (2026-12-06)
+            # CPU; on an AMD one in tests/test_stacked.py's 144 cases with MKL's COMPATIBLE branch, not with its
+            # own branch, which sums the two operand orders apart in the last bits), without copying the
+            # transposed result: autograd's order with that copy made the MNIST MLP's stacked step 1.29× as long on
+            # the AMD EPYC (2026-12-06)
             torch.bmm(g.transpose(1, 2), inputs, out=parts[prefix + "weight"])
             if inputs is not x:
                 g = g.bmm(weight_t.transpose(1, 2))
