@@ -3,7 +3,8 @@
 The tuning sweep of the methods without a choice yet, then the final sweep of those without final runs, each a
 `fedsweep sweep` (Ray Tune, one MLflow run per trial) nested under the benchmark's MLflow run.
 ``<output>/<name>/bench_state.json`` records what has finished: ``--resume`` skips what finished and resumes an
-interrupted sweep where Tune left it. Each finished phase's runs are saved beside it (``runs/<sweep run id>.csv``),
+interrupted sweep where Tune left it; a sweep that stopped records each of its methods whose runs are all there
+(:func:`_record_done`). Each finished phase's runs are saved beside it (``runs/<sweep run id>.csv``),
 so that the folder alone carries the finished phases to another MLflow store (a new machine, where a long benchmark
 goes on in a later session): a recorded sweep that the store does not hold is read from there. The benchmark's
 files (per budget: ``table_b<N>.md|csv``, ``final_runs_b<N>.csv`` with its ``.tags.json``, ``ranking_b<N>.png``;
@@ -16,7 +17,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from fedsweep.bench import (
@@ -30,9 +30,10 @@ from fedsweep.bench import (
     with_kernels,
     write_state,
 )
+from fedsweep.bench_figures import ranking_figure, transmissions_figure
 from fedsweep.config import ConfigError, Sweep, resolve_tracking_uri
 from fedsweep.table import draw_order, load_runs, read_runs, save_runs, to_markdown
-from fedsweep.tracking import PARENT_TAG, TAG_PREFIX, client, ensure_experiment, kernel_settings, pyplot
+from fedsweep.tracking import PARENT_TAG, TAG_PREFIX, client, ensure_experiment, kernel_settings
 
 
 def _run(sweep: Sweep, resume: bool, parent: str, verbose: int) -> dict[str, Any]:
@@ -188,37 +189,103 @@ def run_bench(bench: Bench, output: str | Path, resume: bool = False, verbose: i
           f"recorded); this command: {', '.join(k for k in bench.tunes if k not in done) or 'nothing left to run'}", flush=True)
     failed = 0
     if pending := [k for k in bench.tunes if "chosen" not in methods[k]]:
-        sweep = bench.tune_sweep(pending)
+        keys = _sweep_keys(bench, state, "tuning", pending, resume)
+        sweep = bench.tune_sweep(keys)
         print(f"[bench {bench.name}] tuning {len(pending)} method(s): {sweep.describe()}", flush=True)
-        owed = [s for s, k in bench.owner().items() if k in pending]
-        out, runs, missing = _phase(bench, sweep, resume, state["run_id"], verbose, uri, experiment, owed, bench.sweep_section["seeds"])
-        if out["interrupted"] or missing > out["errors"]:  # more runs missing than trials failed: the sweep was stopped
-            raise Interrupted(f"[bench {bench.name}] the tuning sweep stopped with {missing} of "
-                              f"{len(owed) * len(bench.sweep_section['seeds'])} runs missing; nothing chosen")
-        if out["errors"]:  # a method missing a setting would choose among fewer: no choice before every trial ran
-            print(f"[bench {bench.name}] {out['errors']} tuning trial(s) failed; --resume reruns them", file=sys.stderr)
+        owed = {k: [s for s, o in bench.owner().items() if o == k] for k in keys}
+        out, runs, missing = _phase(bench, sweep, resume, state["run_id"], verbose, uri, experiment,
+                                    [s for k in keys for s in owed[k]], bench.sweep_section["seeds"])
+        if out["interrupted"] or out["errors"] or missing:
+            # a method missing a setting would choose among fewer: only the methods with every run there choose
+            recorded = _record_done(bench, state, "tuning", owed, out["parent_run_id"], runs, folder)
+            if out["interrupted"] or missing > out["errors"]:  # more runs missing than trials failed: the sweep was stopped
+                raise Interrupted(f"[bench {bench.name}] the tuning sweep stopped with {missing} of "
+                                  f"{sum(map(len, owed.values())) * len(bench.sweep_section['seeds'])} runs missing; "
+                                  f"{recorded}")
+            print(f"[bench {bench.name}] {out['errors']} tuning trial(s) failed; {recorded}; --resume reruns them",
+                  file=sys.stderr)
             return folder, 1
-        record_tuning(bench, state, pending, out["parent_run_id"], runs, folder)
+        _landed(state, "tuning")
+        record_tuning(bench, state, keys, out["parent_run_id"], runs, folder)
     if pending := [k for k in bench.tunes if "final_run" not in methods[k] and any(methods[k]["chosen"].values())]:
-        sections = bench.final_sections({k: methods[k]["chosen"] for k in pending})
-        sweep = bench.final_sweep(list(sections.values()))
+        keys = _sweep_keys(bench, state, "final", pending, resume)
+        owed = {k: sorted({s for s in methods[k]["chosen"].values() if s is not None}) for k in keys}
+        sweep = _final_sweep(bench, methods, keys)
         print(f"[bench {bench.name}] final runs of {len(pending)} method(s): {sweep.describe()}", flush=True)
-        out, runs, missing = _phase(bench, sweep, resume, state["run_id"], verbose, uri, experiment, list(sections),
-                                    bench.settings.final_seeds, target)
-        if out["interrupted"] or missing > out["errors"]:  # more runs missing than trials failed: the sweep was stopped
-            raise Interrupted(f"[bench {bench.name}] the final sweep stopped with {missing} run(s) missing")
-        if out["errors"] or missing:
+        out, runs, missing = _phase(bench, sweep, resume, state["run_id"], verbose, uri, experiment,
+                                    [s for k in keys for s in owed[k]], bench.settings.final_seeds, target)
+        if out["interrupted"] or out["errors"] or missing:
+            recorded = _record_done(bench, state, "final", owed, out["parent_run_id"], runs, folder)
+            if out["interrupted"] or missing > out["errors"]:  # more runs missing than trials failed: the sweep was stopped
+                raise Interrupted(f"[bench {bench.name}] the final sweep stopped with {missing} run(s) missing; {recorded}")
             print(f"[bench {bench.name}] the final sweep did not finish ({out['errors']} trial(s) failed, {missing} run(s) "
-                  "missing); --resume goes on with it", file=sys.stderr)
+                  f"missing); {recorded}; --resume goes on with it", file=sys.stderr)
             failed += 1
         else:
-            record_final(state, pending, out["parent_run_id"], runs, folder)
+            _landed(state, "final")
+            record_final(state, keys, out["parent_run_id"], runs, folder)
     for key in bench.tunes:
         if not any(methods[key].get("chosen", {}).values()):
             print(f"[bench {bench.name}] {key}: no setting finished on every tuning seed; not in the tables", file=sys.stderr)
     # the tables hold every method of the file that has its final runs, not only those of --methods
     write_tables(load_bench(bench.path, check_cluster=False) if bench.only else bench, state, uri, folder)
     return folder, failed
+
+
+def _final_sweep(bench: Bench, methods: dict[str, dict[str, Any]], keys: list[str]) -> Sweep:
+    return bench.final_sweep(list(bench.final_sections({k: methods[k]["chosen"] for k in keys}).values()))
+
+
+#: ``bench_state.json``'s record of the methods of each phase's sweep that stopped before its end (:func:`_record_done`).
+IN_FLIGHT = "in_flight"
+
+
+def _landed(state: dict[str, Any], phase: str) -> None:
+    """A phase's sweep finished: no longer in flight."""
+    flight = state.get(IN_FLIGHT, {})
+    flight.pop(phase, None)
+    if not flight:
+        state.pop(IN_FLIGHT, None)
+
+
+def _sweep_keys(bench: Bench, state: dict[str, Any], phase: str, pending: list[str], resume: bool) -> list[str]:
+    """The methods of a phase's sweep: ``pending``, those without the phase recorded; on ``--resume``, the methods of
+    the phase's sweep that stopped (``state["in_flight"]``) when Tune can restore that sweep and each of them not
+    pending has recorded the phase since: Tune goes on where it stopped, running nothing of theirs. Elsewhere (the
+    folder on another machine, where Tune's state is not) a sweep of the pending methods starts."""
+    from fedsweep.sweep import find_resumable, open_storage
+
+    was = state.get(IN_FLIGHT, {}).get(phase)
+    recorded = "chosen" if phase == "tuning" else "final_run"
+    if not (resume and was and set(pending) <= set(was) <= set(bench.tunes)
+            and all(recorded in state["methods"][k] for k in set(was) - set(pending))):
+        return pending
+    sweep = bench.tune_sweep(was) if phase == "tuning" else _final_sweep(bench, state["methods"], was)
+    try:
+        find_resumable(sweep, open_storage(sweep))
+    except ConfigError:
+        return pending
+    return was
+
+
+def _record_done(bench: Bench, state: dict[str, Any], phase: str, owed: dict[str, list[str]], sweep_run_id: str,
+                 runs: pd.DataFrame, folder: Path) -> str:
+    """A phase's sweep that stopped before its end (interrupted, or trials failed): each method with every run it
+    owes there (``owed``: method -> settings, on the phase's seeds) recorded as if the sweep had finished (its runs,
+    chosen the same way, are the same whatever else the sweep ran), and the sweep's methods kept in ``in_flight`` for
+    :func:`_sweep_keys`. A folder carried to another machine then loses at most the methods not finished. Returns
+    what was recorded, in words."""
+    seeds = _seeds(bench)[phase]
+    done = [k for k, settings in owed.items() if not missing_runs(runs, settings, seeds)]
+    state.setdefault(IN_FLIGHT, {})[phase] = list(owed)
+    if not done:
+        write_state(folder, state)
+    elif phase == "tuning":
+        record_tuning(bench, state, done, sweep_run_id, runs, folder)
+    else:
+        record_final(state, done, sweep_run_id, runs, folder)
+    return (f"{len(done)} of its {len(owed)} methods had every run and are recorded ({', '.join(done)})" if done
+            else "no method had every run: nothing recorded")
 
 
 def _check_seeds(bench: Bench, key: str, entry: dict[str, Any], folder: Path) -> None:
@@ -417,62 +484,3 @@ def _absent_note(bench: Bench, methods: dict[str, dict[str, Any]], rows: set[str
         else:
             why[key] = f"a final run of its chosen setting did not finish (diverged, or interrupted); see final_runs_b{budget}.csv"
     return "".join(f"\nNot in this table: {key}: {reason}.\n" for key, reason in sorted(why.items()))
-
-
-# --------------------------------------------------------------------------- figures
-
-
-def ranking_figure(table: pd.DataFrame, metric: str, title: str) -> bytes:
-    """The methods ranked by their test metric: each a point with its 95% CI whisker, on an axis fitted to the
-    points (bars would have to start at 0 and hide differences of a point or two)."""
-    from fedsweep.report import _png
-
-    plt = pyplot()
-    rows = table.iloc[::-1]
-    fig, ax = plt.subplots(figsize=(7, 1.2 + 0.28 * len(rows)))
-    ax.errorbar(100 * rows[f"{metric} mean"], rows["algorithm"], xerr=100 * rows[f"{metric} ci95"].fillna(0), fmt="o",
-                color="#4c72b0", capsize=2)
-    ax.grid(axis="x", alpha=0.3)
-    ax.set_xlabel(f"{metric} (%), test, mean ± 95% CI")
-    ax.set_title(title)
-    fig.tight_layout()
-    return _png(fig)
-
-
-def transmissions_figure(runs: pd.DataFrame, metric: str, title: str) -> bytes:
-    """Each method's final test metric against the floats it moved (means over the final seeds)."""
-    from fedsweep.report import _png
-
-    plt = pyplot()
-    means = runs.groupby("algorithm")[[metric, "transmissions"]].mean()
-    fig, ax = plt.subplots(figsize=(7, 5))
-    ax.scatter(means["transmissions"], 100 * means[metric])
-    for name, row in means.iterrows():
-        ax.annotate(str(name), (row["transmissions"], 100 * row[metric]), fontsize=7)
-    ax.set_xscale("log")
-    ax.set_xlabel("model transmissions (floats sent up and down, whole run)")
-    ax.set_ylabel(f"{metric} (%), test")
-    ax.set_title(title)
-    fig.tight_layout()
-    return _png(fig)
-
-
-def heatmap_figure(merged: pd.DataFrame, metric: str, mode: str = "max") -> bytes:
-    """Methods × datasets: each cell coloured by the method's rank within its dataset (1 = best by ``mode``) and
-    labelled with its test metric's mean (%). Accuracies differ by dataset far more than by method, so a colour
-    scale of the values would show the datasets and hide the methods."""
-    from fedsweep.report import _png
-
-    plt = pyplot()
-    means = merged.set_index("algorithm")[[c for c in merged.columns if c.endswith(" mean")]].astype(float)
-    ranks = means.rank(ascending=(mode == "min"), method="min")
-    fig, ax = plt.subplots(figsize=(2.5 + 1.4 * means.shape[1], 1.2 + 0.3 * len(means)))
-    image = ax.imshow(ranks.to_numpy(), aspect="auto", cmap="viridis_r")
-    for (i, j), value in np.ndenumerate(means.to_numpy()):
-        if np.isfinite(value):
-            ax.text(j, i, f"{100 * value:.1f}", ha="center", va="center", fontsize=7, color="white" if ranks.iat[i, j] > len(means) / 2 else "black")
-    ax.set_xticks(range(means.shape[1]), [c.removesuffix(" mean") for c in means.columns], rotation=30, ha="right")
-    ax.set_yticks(range(len(means)), list(means.index))
-    fig.colorbar(image, ax=ax, label=f"rank within the dataset (1 = best); cells: test {metric} (%)")
-    fig.tight_layout()
-    return _png(fig)

@@ -157,7 +157,8 @@ def cmd_bench(args) -> int:
     from pathlib import Path
 
     from fedsweep.bench import load_bench, use_kernels
-    from fedsweep.bench_run import Interrupted, heatmap_figure, run_bench
+    from fedsweep.bench_figures import heatmap_figure
+    from fedsweep.bench_run import Interrupted, run_bench
     from fedsweep.table import merged_markdown, merged_table
     from fedsweep.tracking import kernel_settings
 

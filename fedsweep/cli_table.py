@@ -110,7 +110,7 @@ def cmd_table(args) -> int:
         table = merged_table(tables, metric)
         text = merged_markdown(table)
         if args.heatmap and not table.empty:
-            from fedsweep.bench_run import heatmap_figure
+            from fedsweep.bench_figures import heatmap_figure
 
             with open(args.heatmap, "wb") as f:
                 f.write(heatmap_figure(table, metric, mode))

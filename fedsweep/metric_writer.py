@@ -125,7 +125,8 @@ class MetricWriter:
         """Run ``action`` in the writer's thread once every metric put so far, and the ``later`` ones the caller
         puts next, is written: a checkpoint saved when MLflow holds every round before it, without the trial
         waiting for the writes. It replaces an earlier action not yet run (a newer checkpoint supersedes an older
-        one); one pending when the writer is closed is dropped. An error of it is raised by the next :meth:`check`."""
+        one); one due when the writer is closed runs before its thread stops, one whose metrics are not all written is
+        dropped. An error of it is raised by the next :meth:`check`."""
         with self._cond:
             self._action = (self.written + self.held + later, action)
             self._start()
@@ -260,9 +261,9 @@ class MetricWriter:
             with self._cond:
                 while not self._stop.is_set() and not self.held and (self._action is None or self.written < self._action[0]):
                     self._cond.wait()
-                if self._stop.is_set():
+                action = self._due()  # a due action runs even when the writer is closing (a trial's last checkpoint)
+                if self._stop.is_set() and action is None:
                     return
-                action = self._due()
             if action is not None:
                 try:
                     action()

@@ -139,6 +139,32 @@ and the writer goes on writing."""
     assert [s[0] for s in seen] == ["second"]
 
 
+def test_an_action_due_when_the_writer_closes_still_runs(tmp_path):
+    """A checkpoint asked for once its rounds are written and the writer closed right after (a trial's last
+    checkpoint, then :meth:`RunLogger.finish`): it runs before the thread stops. It was dropped when the thread saw
+    the stop before the action (most times: the closing thread takes the lock first)."""
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    c = MlflowClient(uri)
+    experiment = c.create_experiment("closing")
+    ran = []
+    for i in range(10):
+        writer = MetricWriter(uri, c.create_run(experiment).info.run_id, limit_s=60)
+        writer.put(rounds(1))
+        assert writer.wait()
+        writer.after_written(lambda i=i: ran.append(i))  # due at once: every metric put is written
+        writer.close()
+    assert ran == list(range(10))
+
+    down = MetricWriter(f"http://127.0.0.1:{free_port()}", "0" * 32, limit_s=60, spill_dir=str(tmp_path))
+    down.put(rounds(1))
+    down.after_written(lambda: ran.append("never"))  # its round is not written: not due, dropped at close
+    assert not down.wait(until_written=False)
+    down.close()
+    assert ran == list(range(10))
+
+
 @pytest.mark.timeout(60)
 def test_a_writer_whose_thread_stops_on_an_unexpected_error_raises_it_instead_of_waiting_forever(tmp_path):
     """An error outside the writes' own handling (here reading the held rounds, as a vanished overflow file would)

@@ -267,3 +267,85 @@ def test_a_sweep_stopped_with_ctrl_c_reruns_its_stopped_trials_on_resume(tmp_pat
         assert [m.step for m in c.get_metric_history(x.info.run_id, "uploads")] == list(range(7))
         reference = run_local(sweep.trials[int(x.data.tags["fedsweep.trial_index"])].config)[0][-1]
         assert x.data.metrics["personalized_accuracy_mean"] == pytest.approx(reference["personalized_accuracy_mean"], rel=1e-9)
+
+
+def test_a_benchmark_stopped_mid_tuning_records_its_finished_methods_and_resumes_where_tune_stopped(tmp_path, monkeypatch):
+    """`fedsweep bench` stopped with Ctrl-C while its tuning sweep runs the second of two methods: the first, every
+    run of it there, is recorded (its choice, its runs saved beside bench_state.json), so that a folder carried to
+    another machine loses only the method in flight; the sweep's methods are kept (``in_flight``). ``--resume``
+    on this machine goes on with Tune's saved sweep of both (none of the first's trials run again, its choice stays)
+    and ends with both methods' tables; from a store and a storage without that sweep, it tunes the second alone."""
+    import json
+    import shutil
+
+    from fedsweep.bench import load_bench
+    from fedsweep.bench_run import _sweep_keys, open_state
+    from tests.test_bench import bench_file
+
+    (tmp_path / "methods.yaml").write_text(yaml.safe_dump({"methods": {
+        "fedavg": {"name": "fedavg", "local_lr": {"loguniform": [0.02, 0.5]}, "local_steps": 2},
+        "local": {"name": "local", "local_lr": {"loguniform": [0.02, 0.5]}, "local_steps": 1500}}}))
+    path = bench_file(tmp_path, "stop", {"name": "label_skew", "classes_per_client": 4}, common={"r": 1.0, "batch_size": 16})
+    raw = yaml.safe_load(Path(path).read_text())
+    raw.update(rounds=6, eval_every=2)
+    raw["sweep"].update(num_samples=2, name="stop")
+    Path(path).write_text(yaml.safe_dump(raw, sort_keys=False))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_RUN_ID")} | {"MLFLOW_TRACKING_URI": uri}
+    command = [FEDSWEEP, "bench", path, "--output", str(tmp_path / "out"), "--quiet"]
+    driver = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+                              start_new_session=True)
+    from mlflow import MlflowClient
+
+    c = MlflowClient(uri)
+
+    def trials():
+        exp = c.get_experiment_by_name("bench-test")
+        return [r for r in c.search_runs([exp.experiment_id]) if "fedsweep.trial_index" in r.data.tags] if exp else []
+
+    def local_mid_run() -> bool:  # a trial of the second method past its first round and short of its last
+        return any(x.info.status == "RUNNING" and x.data.tags.get("fedsweep.algorithm") == "local"
+                   and 1 <= max((m.step for m in c.get_metric_history(x.info.run_id, "uploads")), default=0) < 5
+                   for x in trials())
+    deadline = time.time() + 300
+    try:
+        while not local_mid_run():
+            assert_running(driver, deadline, "it could be stopped")
+            time.sleep(0.2)
+        driver.send_signal(signal.SIGINT)
+        _, err = driver.communicate(timeout=300)
+    finally:
+        if driver.poll() is None:
+            kill_session(driver)
+    assert driver.returncode == 130, err[-3000:]
+    assert "1 of its 2 methods had every run and are recorded (fedavg)" in err, err[-3000:]
+    folder = tmp_path / "out" / "stop"
+    state = json.loads((folder / "bench_state.json").read_text())
+    fedavg = state["methods"]["fedavg"]
+    assert state["in_flight"] == {"tuning": ["fedavg", "local"]} and "chosen" not in state["methods"]["local"]
+    assert fedavg["tried"] == 2 and (folder / "runs" / f"{fedavg['tune_run']}.csv").exists()
+    fedavg_runs = {x.info.run_id for x in trials() if x.data.tags["fedsweep.algorithm"] == "fedavg"}
+    assert len(fedavg_runs) == 2
+
+    # another machine: the folder alone, a new store, no Tune state. The second method is tuned alone, the first's
+    # choice made again from the runs saved in the folder
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(folder, elsewhere / "stop")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{elsewhere / 'mlflow.db'}")
+    monkeypatch.chdir(tmp_path)
+    bench = load_bench(path, check_cluster=False)
+    bench.sweep_section["storage_path"] = str(elsewhere / "ray_results")
+    _, moved_state, _, _ = open_state(bench, elsewhere, resume=True)
+    assert moved_state["methods"]["fedavg"]["chosen"] == fedavg["chosen"] and "chosen" not in moved_state["methods"]["local"]
+    assert _sweep_keys(bench, moved_state, "tuning", ["local"], resume=True) == ["local"]
+
+    r = subprocess.run([*command, "--resume"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600, check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    state = json.loads((folder / "bench_state.json").read_text())
+    assert state["methods"]["fedavg"]["tune_run"] == fedavg["tune_run"] == state["methods"]["local"]["tune_run"]
+    assert state["methods"]["fedavg"]["chosen"] == fedavg["chosen"] and "in_flight" not in state
+    tuning = [x for x in trials() if x.data.tags.get("mlflow.parentRunId") == fedavg["tune_run"]]
+    assert {x.info.run_id for x in tuning if x.data.tags["fedsweep.algorithm"] == "fedavg"} == fedavg_runs  # not rerun
+    assert sorted(x.info.status for x in tuning) == ["FINISHED"] * 4  # the stopped trial run again (its first attempt deleted)
+    table = (folder / "table_b1.md").read_text()
+    assert "fedavg" in table and "local" in table
