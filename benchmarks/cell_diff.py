@@ -26,6 +26,7 @@ from pathlib import Path
 import pandas as pd
 
 from fedsweep.bench import read_state
+from fedsweep.bench_run import saved_runs
 from fedsweep.table import read_runs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,14 +71,12 @@ def recorded_runs(folder: Path) -> pd.DataFrame:
     """The runs of the phases ``bench_state.json`` names for each method, from their saved copies (``runs/``): its
     tuning sweep's runs of its own settings and its final sweep's runs of its chosen ones. A phase run again (FedAMP's
     after its fix) replaces the one before, whose copy stays in ``runs/``; a phase without a saved copy is left out."""
-    by_sweep: dict[str, pd.DataFrame] = {}
     parts = []
     for entry in read_state(folder).get("methods", {}).values():
         chosen = [s for s in entry.get("chosen", {}).values() if s is not None]
         for phase, settings in (("tune_run", entry.get("settings", [])), ("final_run", chosen)):
-            if (run_id := entry.get(phase)) and (path := folder / "runs" / f"{run_id}.csv").exists():
-                runs = by_sweep.setdefault(run_id, read_runs(str(path))[0])
-                parts.append(runs[runs["setting"].isin(settings)])
+            if (run_id := entry.get(phase)) and (runs := saved_runs(folder, run_id, settings)) is not None:
+                parts.append(runs)
     return pd.concat(parts, ignore_index=True).drop_duplicates(["setting", "seed"]) if parts else pd.DataFrame()
 
 

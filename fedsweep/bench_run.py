@@ -95,6 +95,14 @@ def _keep(folder: Path, run_id: str, runs: pd.DataFrame) -> None:
     save_runs(runs, {}, str(folder / RUNS / f"{run_id}.csv"))
 
 
+def saved_runs(folder: Path, run_id: str, settings: list[str] | None = None) -> pd.DataFrame | None:
+    """The runs :func:`_keep` saved of sweep ``run_id`` (those of ``settings`` when given); None when not saved."""
+    if not (path := folder / RUNS / f"{run_id}.csv").exists():
+        return None
+    runs = read_runs(str(path))[0]
+    return runs if settings is None else runs[runs["setting"].isin(settings)]
+
+
 def _phase_runs(bench: Bench, uri: str, experiment: str, run_id: str, folder: Path,
                 target: float | None = None, final: bool = False) -> pd.DataFrame:
     """A recorded phase's runs: the store's, or, where the store does not hold that sweep at all (the folder came from

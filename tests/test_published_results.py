@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from fedsweep.bench import BENCH_METRICS, bench_table, choose, compact_markdown, load_bench, read_state
-from fedsweep.bench_run import _code_note, _codes
+from fedsweep.bench_run import _code_note, _codes, saved_runs
 from fedsweep.table import read_runs
 from fedsweep.tracking import names_kernels
 
@@ -76,12 +76,9 @@ def test_each_recorded_choice_is_what_the_saved_tuning_runs_give_on_validation(f
     for key, entry in state["methods"].items():
         if "chosen" not in entry:
             continue
-        saved = folder / "runs" / f"{entry['tune_run']}.csv"
-        if not saved.exists():
-            assert "seeds" not in entry, f"{key}: tuned since phases are saved, but {saved} is not there"
+        if (runs := saved_runs(folder, entry["tune_run"], entry["settings"])) is None:
+            assert "seeds" not in entry, f"{key}: tuned since phases are saved, but its tuning runs are not in runs/"
             continue
-        runs, _ = read_runs(str(saved))
-        runs = runs[runs["setting"].isin(entry["settings"])]
         runs = runs.drop(columns=[c for c in runs.columns if re.match(r"(personalized|global|unseen)_|train_loss", c)])
         for budget, setting in entry["chosen"].items():
             assert choose(runs, metric, mode, int(budget)) == setting, (key, budget)
