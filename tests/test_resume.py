@@ -53,6 +53,21 @@ def kill_session(proc: subprocess.Popen) -> None:
     proc.wait(timeout=60)
 
 
+def ctrl_c_when(driver: subprocess.Popen, ready, timeout_s: float = 300) -> str:
+    """SIGINT to the driver once ``ready()`` (polled), as Ctrl-C; its standard error once it exits (its whole session
+    killed if it has not)."""
+    deadline = time.time() + timeout_s
+    try:
+        while not ready():
+            assert_running(driver, deadline, "it could be stopped")
+            time.sleep(0.2)
+        driver.send_signal(signal.SIGINT)
+        return driver.communicate(timeout=timeout_s)[1]
+    finally:
+        if driver.poll() is None:
+            kill_session(driver)
+
+
 def _alive_in_session(p: psutil.Process, session_id: int) -> bool:
     try:
         return os.getsid(p.pid) == session_id and p.status() != psutil.STATUS_ZOMBIE
@@ -231,21 +246,12 @@ def test_a_sweep_stopped_with_ctrl_c_reruns_its_stopped_trials_on_resume(tmp_pat
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_RUN_ID")}
     driver = subprocess.Popen([FEDSWEEP, "sweep", str(path), "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, env=env, cwd=tmp_path, start_new_session=True)
-    deadline = time.time() + 300
     from mlflow import MlflowClient
 
     def mid_trial(runs) -> bool:  # a trial past its first evaluation and short of its last
         steps = [m.step for x in runs if x.info.status == "RUNNING" for m in MlflowClient(uri).get_metric_history(x.info.run_id, "uploads")]
         return 2 <= max(steps, default=0) < 5
-    try:
-        while not mid_trial(children(uri)):
-            assert_running(driver, deadline, "it could be stopped")
-            time.sleep(0.2)
-        driver.send_signal(signal.SIGINT)
-        _, err = driver.communicate(timeout=300)
-    finally:
-        if driver.poll() is None:
-            kill_session(driver)
+    err = ctrl_c_when(driver, lambda: mid_trial(children(uri)))
     assert driver.returncode == 130, err[-3000:]
     assert f"fedsweep sweep {path} --resume" in err
     before = children(uri)
@@ -307,16 +313,7 @@ def test_a_benchmark_stopped_mid_tuning_records_its_finished_methods_and_resumes
         return any(x.info.status == "RUNNING" and x.data.tags.get("fedsweep.algorithm") == "local"
                    and 1 <= max((m.step for m in c.get_metric_history(x.info.run_id, "uploads")), default=0) < 5
                    for x in trials())
-    deadline = time.time() + 300
-    try:
-        while not local_mid_run():
-            assert_running(driver, deadline, "it could be stopped")
-            time.sleep(0.2)
-        driver.send_signal(signal.SIGINT)
-        _, err = driver.communicate(timeout=300)
-    finally:
-        if driver.poll() is None:
-            kill_session(driver)
+    err = ctrl_c_when(driver, local_mid_run)
     assert driver.returncode == 130, err[-3000:]
     assert "1 of its 2 methods had every run and are recorded (fedavg)" in err, err[-3000:]
     folder = tmp_path / "out" / "stop"
