@@ -4,7 +4,7 @@ The tuning sweep of the methods without a choice yet, then the final sweep of th
 `fedsweep sweep` (Ray Tune, one MLflow run per trial) nested under the benchmark's MLflow run.
 ``<output>/<name>/bench_state.json`` records what has finished: ``--resume`` skips what finished and resumes an
 interrupted sweep where Tune left it; a sweep that stopped records each of its methods whose runs are all there
-(:func:`_record_done`). Each finished phase's runs are saved beside it (``runs/<sweep run id>.csv``),
+(:func:`_settle`). Each finished phase's runs are saved beside it (``runs/<sweep run id>.csv``),
 so that the folder alone carries the finished phases to another MLflow store (a new machine, where a long benchmark
 goes on in a later session): a recorded sweep that the store does not hold is read from there. The benchmark's
 files (per budget: ``table_b<N>.md|csv``, ``final_runs_b<N>.csv`` with its ``.tags.json``, ``ranking_b<N>.png``;
@@ -197,41 +197,18 @@ def run_bench(bench: Bench, output: str | Path, resume: bool = False, verbose: i
           f"recorded); this command: {', '.join(k for k in bench.tunes if k not in done) or 'nothing left to run'}", flush=True)
     failed = 0
     if pending := [k for k in bench.tunes if "chosen" not in methods[k]]:
-        keys = _sweep_keys(bench, state, "tuning", pending, resume)
-        sweep = bench.tune_sweep(keys)
-        print(f"[bench {bench.name}] tuning {len(pending)} method(s): {sweep.describe()}", flush=True)
+        keys = _sweep_keys(bench, state, "tuning", pending, resume, uri)
         owed = {k: [s for s, o in bench.owner().items() if o == k] for k in keys}
-        out, runs, missing = _phase(bench, sweep, resume, state["run_id"], verbose, uri, experiment,
-                                    [s for k in keys for s in owed[k]], bench.sweep_section["seeds"])
-        if out["interrupted"] or out["errors"] or missing:
-            # a method missing a setting would choose among fewer: only the methods with every run there choose
-            recorded = _record_done(bench, state, "tuning", owed, out["parent_run_id"], runs, folder)
-            if out["interrupted"] or missing > out["errors"]:  # more runs missing than trials failed: the sweep was stopped
-                raise Interrupted(f"[bench {bench.name}] the tuning sweep stopped with {missing} of "
-                                  f"{sum(map(len, owed.values())) * len(bench.sweep_section['seeds'])} runs missing; "
-                                  f"{recorded}")
-            print(f"[bench {bench.name}] {out['errors']} tuning trial(s) failed; {recorded}; --resume reruns them",
-                  file=sys.stderr)
-            return folder, 1
-        _landed(state, "tuning")
-        record_tuning(bench, state, keys, out["parent_run_id"], runs, folder)
+        if not _settle(bench, state, "tuning", owed, pending, folder, *_phase(
+                bench, _announce(bench, "tuning", bench.tune_sweep(keys), pending), resume, state["run_id"], verbose, uri,
+                experiment, [s for k in keys for s in owed[k]], bench.sweep_section["seeds"])):
+            return folder, 1  # a method missing a setting would choose among fewer: none of those chooses
     if pending := [k for k in bench.tunes if "final_run" not in methods[k] and any(methods[k]["chosen"].values())]:
-        keys = _sweep_keys(bench, state, "final", pending, resume)
+        keys = _sweep_keys(bench, state, "final", pending, resume, uri)
         owed = {k: sorted({s for s in methods[k]["chosen"].values() if s is not None}) for k in keys}
-        sweep = _final_sweep(bench, methods, keys)
-        print(f"[bench {bench.name}] final runs of {len(pending)} method(s): {sweep.describe()}", flush=True)
-        out, runs, missing = _phase(bench, sweep, resume, state["run_id"], verbose, uri, experiment,
-                                    [s for k in keys for s in owed[k]], bench.settings.final_seeds, target)
-        if out["interrupted"] or out["errors"] or missing:
-            recorded = _record_done(bench, state, "final", owed, out["parent_run_id"], runs, folder)
-            if out["interrupted"] or missing > out["errors"]:  # more runs missing than trials failed: the sweep was stopped
-                raise Interrupted(f"[bench {bench.name}] the final sweep stopped with {missing} run(s) missing; {recorded}")
-            print(f"[bench {bench.name}] the final sweep did not finish ({out['errors']} trial(s) failed, {missing} run(s) "
-                  f"missing); {recorded}; --resume goes on with it", file=sys.stderr)
-            failed += 1
-        else:
-            _landed(state, "final")
-            record_final(state, keys, out["parent_run_id"], runs, folder)
+        failed += not _settle(bench, state, "final", owed, pending, folder, *_phase(
+            bench, _announce(bench, "final", _final_sweep(bench, methods, keys), pending), resume, state["run_id"],
+            verbose, uri, experiment, [s for k in keys for s in owed[k]], bench.settings.final_seeds, target))
     for key in bench.tunes:
         if not any(methods[key].get("chosen", {}).values()):
             print(f"[bench {bench.name}] {key}: no setting finished on every tuning seed; not in the tables", file=sys.stderr)
@@ -244,56 +221,74 @@ def _final_sweep(bench: Bench, methods: dict[str, dict[str, Any]], keys: list[st
     return bench.final_sweep(list(bench.final_sections({k: methods[k]["chosen"] for k in keys}).values()))
 
 
-#: ``bench_state.json``'s record of the methods of each phase's sweep that stopped before its end (:func:`_record_done`).
+def _announce(bench: Bench, phase: str, sweep: Sweep, pending: list[str]) -> Sweep:
+    print(f"[bench {bench.name}] {'tuning' if phase == 'tuning' else 'final runs of'} {len(pending)} method(s): "
+          f"{sweep.describe()}", flush=True)
+    return sweep
+
+
+#: ``bench_state.json``'s record of each phase's sweep that stopped before its end (:func:`_settle`): its methods and
+#: its MLflow run, for :func:`_sweep_keys`.
 IN_FLIGHT = "in_flight"
 
 
-def _landed(state: dict[str, Any], phase: str) -> None:
-    """A phase's sweep finished: no longer in flight."""
-    flight = state.get(IN_FLIGHT, {})
-    flight.pop(phase, None)
-    if not flight:
-        state.pop(IN_FLIGHT, None)
-
-
-def _sweep_keys(bench: Bench, state: dict[str, Any], phase: str, pending: list[str], resume: bool) -> list[str]:
+def _sweep_keys(bench: Bench, state: dict[str, Any], phase: str, pending: list[str], resume: bool, uri: str) -> list[str]:
     """The methods of a phase's sweep: ``pending``, those without the phase recorded; on ``--resume``, the methods of
-    the phase's sweep that stopped (``state["in_flight"]``) when Tune can restore that sweep and each of them not
-    pending has recorded the phase since: Tune goes on where it stopped, running nothing of theirs. Elsewhere (the
-    folder on another machine, where Tune's state is not) a sweep of the pending methods starts."""
+    the phase's sweep that stopped (``state["in_flight"]``) when the newest Tune experiment of that sweep that Tune
+    can restore is that one (the same MLflow run, which this store holds) and each of its methods not pending has
+    recorded the phase since: Tune goes on where it stopped, and none of their trials runs again. Elsewhere (the
+    folder on another machine, or another selection of ``--methods``) a sweep of the pending methods starts."""
     from fedsweep.sweep import find_resumable, open_storage
 
-    was = state.get(IN_FLIGHT, {}).get(phase)
-    recorded = "chosen" if phase == "tuning" else "final_run"
-    if not (resume and was and set(pending) <= set(was) <= set(bench.tunes)
-            and all(recorded in state["methods"][k] for k in set(was) - set(pending))):
+    was = state.get(IN_FLIGHT, {}).get(phase, {})
+    keys, recorded = was.get("methods", []), "chosen" if phase == "tuning" else "final_run"
+    if not (resume and keys and set(pending) <= set(keys) <= set(bench.tunes)
+            and all(recorded in state["methods"][k] for k in set(keys) - set(pending))):
         return pending
-    sweep = bench.tune_sweep(was) if phase == "tuning" else _final_sweep(bench, state["methods"], was)
+    sweep = bench.tune_sweep(keys) if phase == "tuning" else _final_sweep(bench, state["methods"], keys)
     try:
-        find_resumable(sweep, open_storage(sweep))
+        saved = find_resumable(sweep, open_storage(sweep))[1]
     except ConfigError:
         return pending
-    return was
+    return keys if saved.get("parent_run_id") == was.get("sweep_run") and _in_store(uri, was["sweep_run"]) else pending
 
 
-def _record_done(bench: Bench, state: dict[str, Any], phase: str, owed: dict[str, list[str]], sweep_run_id: str,
-                 runs: pd.DataFrame, folder: Path) -> str:
-    """A phase's sweep that stopped before its end (interrupted, or trials failed): each method with every run it
-    owes there (``owed``: method -> settings, on the phase's seeds) recorded as if the sweep had finished (its runs,
-    chosen the same way, are the same whatever else the sweep ran), and the sweep's methods kept in ``in_flight`` for
-    :func:`_sweep_keys`. A folder carried to another machine then loses at most the methods not finished. Returns
-    what was recorded, in words."""
+def _settle(bench: Bench, state: dict[str, Any], phase: str, owed: dict[str, list[str]], pending: list[str],
+            folder: Path, out: dict[str, Any], runs: pd.DataFrame, missing: int) -> bool:
+    """A phase's sweep has ended (``owed``: each of its methods -> its settings, owed on the phase's seeds; ``missing``
+    of those runs are not there): each method of ``pending`` with every run it owes recorded, its runs kept (a
+    method missing a run would choose among fewer settings, or have a row of fewer seeds; the others' runs are the
+    same whatever else the sweep ran). True when none is missing; else the sweep is kept in ``in_flight`` (its
+    methods and run, for :func:`_sweep_keys`), so that a folder carried to another machine loses only the methods
+    not recorded, and a sweep stopped (more runs missing than trials failed: Ctrl-C ends Tune without an error)
+    raises :class:`Interrupted`."""
     seeds = _seeds(bench)[phase]
-    done = [k for k, settings in owed.items() if not missing_runs(runs, settings, seeds)]
-    state.setdefault(IN_FLIGHT, {})[phase] = list(owed)
-    if not done:
-        write_state(folder, state)
-    elif phase == "tuning":
-        record_tuning(bench, state, done, sweep_run_id, runs, folder)
+    done = [k for k in pending if not missing_runs(runs, owed[k], seeds)]
+    flight = state.setdefault(IN_FLIGHT, {})
+    if missing:
+        flight[phase] = {"methods": list(owed), "sweep_run": out["parent_run_id"]}
     else:
-        record_final(state, done, sweep_run_id, runs, folder)
-    return (f"{len(done)} of its {len(owed)} methods had every run and are recorded ({', '.join(done)})" if done
-            else "no method had every run: nothing recorded")
+        flight.pop(phase, None)
+    if not flight:
+        del state[IN_FLIGHT]
+    if phase == "tuning" and done:
+        record_tuning(bench, state, done, out["parent_run_id"], runs, folder)
+    elif done:
+        record_final(state, done, out["parent_run_id"], runs, folder)
+    else:
+        write_state(folder, state)
+    if not missing:
+        if out["errors"]:  # a trial that failed after its run was written
+            print(f"[bench {bench.name}] {out['errors']} {phase} trial(s) failed, but every run is there", file=sys.stderr)
+        return True
+    words = (f"{len(done)} of its {len(pending)} methods had every run and are recorded ({', '.join(done)})" if done
+             else "no method had every run: nothing recorded")
+    total = sum(map(len, owed.values())) * len(seeds)
+    if out["interrupted"] or missing > out["errors"]:
+        raise Interrupted(f"[bench {bench.name}] the {phase} sweep stopped with {missing} of {total} runs missing; {words}")
+    print(f"[bench {bench.name}] the {phase} sweep did not finish ({out['errors']} trial(s) failed, {missing} of {total} runs "
+          f"missing); {words}; --resume goes on with it", file=sys.stderr)
+    return False
 
 
 def _check_seeds(bench: Bench, key: str, entry: dict[str, Any], folder: Path) -> None:

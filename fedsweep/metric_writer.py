@@ -125,8 +125,8 @@ class MetricWriter:
         """Run ``action`` in the writer's thread once every metric put so far, and the ``later`` ones the caller
         puts next, is written: a checkpoint saved when MLflow holds every round before it, without the trial
         waiting for the writes. It replaces an earlier action not yet run (a newer checkpoint supersedes an older
-        one); one due when the writer is closed runs before its thread stops, one whose metrics are not all written is
-        dropped. An error of it is raised by the next :meth:`check`."""
+        one); one due when the writer is closed runs before its thread stops (:meth:`close` waits for it up to one request's
+        time and 5 s), one whose metrics are not all written is dropped. An error of it is raised by the next :meth:`check`."""
         with self._cond:
             self._action = (self.written + self.held + later, action)
             self._start()

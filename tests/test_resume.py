@@ -278,9 +278,10 @@ def test_a_sweep_stopped_with_ctrl_c_reruns_its_stopped_trials_on_resume(tmp_pat
 def test_a_benchmark_stopped_mid_tuning_records_its_finished_methods_and_resumes_where_tune_stopped(tmp_path, monkeypatch):
     """`fedsweep bench` stopped with Ctrl-C while its tuning sweep runs the second of two methods: the first, every
     run of it there, is recorded (its choice, its runs saved beside bench_state.json), so that a folder carried to
-    another machine loses only the method in flight; the sweep's methods are kept (``in_flight``). ``--resume``
-    on this machine goes on with Tune's saved sweep of both (none of the first's trials run again, its choice stays)
-    and ends with both methods' tables; from a store and a storage without that sweep, it tunes the second alone."""
+    another machine loses only the methods not recorded; the sweep (its methods and run) is kept (``in_flight``).
+    ``--resume`` on this machine goes on with Tune's saved sweep of both (none of the first's trials run again, its
+    choice stays) and ends with both methods' tables; with a store without that sweep's run (Tune's state still in
+    the storage, as a shared one keeps it) it would tune the second alone, the first's choice made from the folder."""
     import json
     import shutil
 
@@ -319,22 +320,23 @@ def test_a_benchmark_stopped_mid_tuning_records_its_finished_methods_and_resumes
     folder = tmp_path / "out" / "stop"
     state = json.loads((folder / "bench_state.json").read_text())
     fedavg = state["methods"]["fedavg"]
-    assert state["in_flight"] == {"tuning": ["fedavg", "local"]} and "chosen" not in state["methods"]["local"]
+    assert state["in_flight"] == {"tuning": {"methods": ["fedavg", "local"], "sweep_run": fedavg["tune_run"]}}
+    assert "chosen" not in state["methods"]["local"]
     assert fedavg["tried"] == 2 and (folder / "runs" / f"{fedavg['tune_run']}.csv").exists()
     fedavg_runs = {x.info.run_id for x in trials() if x.data.tags["fedsweep.algorithm"] == "fedavg"}
     assert len(fedavg_runs) == 2
-
-    # another machine: the folder alone, a new store, no Tune state. The second method is tuned alone, the first's
-    # choice made again from the runs saved in the folder
-    elsewhere = tmp_path / "elsewhere"
-    shutil.copytree(folder, elsewhere / "stop")
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{elsewhere / 'mlflow.db'}")
     monkeypatch.chdir(tmp_path)
     bench = load_bench(path, check_cluster=False)
-    bench.sweep_section["storage_path"] = str(elsewhere / "ray_results")
+    assert _sweep_keys(bench, state, "tuning", ["local"], True, uri) == ["fedavg", "local"]  # Tune's sweep, this store's run
+
+    # another store, Tune's state still in the storage: the second method is tuned alone (Tune's saved sweep belongs to
+    # a run this store lacks), the first's choice made again from the runs saved in the folder
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(folder, elsewhere / "stop")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", other := f"sqlite:///{elsewhere / 'mlflow.db'}")
     _, moved_state, _, _ = open_state(bench, elsewhere, resume=True)
     assert moved_state["methods"]["fedavg"]["chosen"] == fedavg["chosen"] and "chosen" not in moved_state["methods"]["local"]
-    assert _sweep_keys(bench, moved_state, "tuning", ["local"], resume=True) == ["local"]
+    assert _sweep_keys(bench, moved_state, "tuning", ["local"], True, other) == ["local"]
 
     r = subprocess.run([*command, "--resume"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600, check=False)
     assert r.returncode == 0, r.stderr[-3000:]
