@@ -199,16 +199,20 @@ def run_bench(bench: Bench, output: str | Path, resume: bool = False, verbose: i
     if pending := [k for k in bench.tunes if "chosen" not in methods[k]]:
         keys = _sweep_keys(bench, state, "tuning", pending, resume, uri)
         owed = {k: [s for s, o in bench.owner().items() if o == k] for k in keys}
-        if not _settle(bench, state, "tuning", owed, pending, folder, *_phase(
-                bench, _announce(bench, "tuning", bench.tune_sweep(keys), pending), resume, state["run_id"], verbose, uri,
-                experiment, [s for k in keys for s in owed[k]], bench.sweep_section["seeds"])):
+        sweep = bench.tune_sweep(keys)
+        print(f"[bench {bench.name}] tuning {len(pending)} method(s): {sweep.describe()}", flush=True)
+        ended = _phase(bench, sweep, resume, state["run_id"], verbose, uri, experiment, [s for k in keys for s in owed[k]],
+                       bench.sweep_section["seeds"])
+        if not _settle(bench, state, "tuning", owed, pending, folder, *ended):
             return folder, 1  # a method missing a setting would choose among fewer: none of those chooses
     if pending := [k for k in bench.tunes if "final_run" not in methods[k] and any(methods[k]["chosen"].values())]:
         keys = _sweep_keys(bench, state, "final", pending, resume, uri)
         owed = {k: sorted({s for s in methods[k]["chosen"].values() if s is not None}) for k in keys}
-        failed += not _settle(bench, state, "final", owed, pending, folder, *_phase(
-            bench, _announce(bench, "final", _final_sweep(bench, methods, keys), pending), resume, state["run_id"],
-            verbose, uri, experiment, [s for k in keys for s in owed[k]], bench.settings.final_seeds, target))
+        sweep = _final_sweep(bench, methods, keys)
+        print(f"[bench {bench.name}] final runs of {len(pending)} method(s): {sweep.describe()}", flush=True)
+        ended = _phase(bench, sweep, resume, state["run_id"], verbose, uri, experiment, [s for k in keys for s in owed[k]],
+                       bench.settings.final_seeds, target)
+        failed += not _settle(bench, state, "final", owed, pending, folder, *ended)
     for key in bench.tunes:
         if not any(methods[key].get("chosen", {}).values()):
             print(f"[bench {bench.name}] {key}: no setting finished on every tuning seed; not in the tables", file=sys.stderr)
@@ -219,12 +223,6 @@ def run_bench(bench: Bench, output: str | Path, resume: bool = False, verbose: i
 
 def _final_sweep(bench: Bench, methods: dict[str, dict[str, Any]], keys: list[str]) -> Sweep:
     return bench.final_sweep(list(bench.final_sections({k: methods[k]["chosen"] for k in keys}).values()))
-
-
-def _announce(bench: Bench, phase: str, sweep: Sweep, pending: list[str]) -> Sweep:
-    print(f"[bench {bench.name}] {'tuning' if phase == 'tuning' else 'final runs of'} {len(pending)} method(s): "
-          f"{sweep.describe()}", flush=True)
-    return sweep
 
 
 #: ``bench_state.json``'s record of each phase's sweep that stopped before its end (:func:`_settle`): its methods and
