@@ -71,12 +71,17 @@ def recorded_runs(folder: Path) -> pd.DataFrame:
     """The runs of the phases ``bench_state.json`` names for each method, from their saved copies (``runs/``): its
     tuning sweep's runs of its own settings and its final sweep's runs of its chosen ones. A phase run again (FedAMP's
     after its fix) replaces the one before, whose copy stays in ``runs/``; a phase without a saved copy is left out."""
+    by_sweep: dict[str, pd.DataFrame | None] = {}  # a sweep's copy read once, though many methods' runs are in it
     parts = []
     for entry in read_state(folder).get("methods", {}).values():
         chosen = [s for s in entry.get("chosen", {}).values() if s is not None]
         for phase, settings in (("tune_run", entry.get("settings", [])), ("final_run", chosen)):
-            if (run_id := entry.get(phase)) and (runs := saved_runs(folder, run_id, settings)) is not None:
-                parts.append(runs)
+            if not (run_id := entry.get(phase)):
+                continue
+            if run_id not in by_sweep:
+                by_sweep[run_id] = saved_runs(folder, run_id)
+            if (runs := by_sweep[run_id]) is not None:
+                parts.append(runs[runs["setting"].isin(settings)])
     return pd.concat(parts, ignore_index=True).drop_duplicates(["setting", "seed"]) if parts else pd.DataFrame()
 
 
