@@ -89,15 +89,19 @@ def _in_store(uri: str, run_id: str) -> bool:
         return False
 
 
+def _saved_path(folder: Path, run_id: str) -> Path:
+    return folder / RUNS / f"{run_id}.csv"
+
+
 def _keep(folder: Path, run_id: str, runs: pd.DataFrame) -> None:
     """A finished phase's runs (those of sweep ``run_id``) saved as ``fedsweep table --runs-output`` saves them."""
     (folder / RUNS).mkdir(parents=True, exist_ok=True)
-    save_runs(runs, {}, str(folder / RUNS / f"{run_id}.csv"))
+    save_runs(runs, {}, str(_saved_path(folder, run_id)))
 
 
 def saved_runs(folder: Path, run_id: str, settings: list[str] | None = None) -> pd.DataFrame | None:
     """The runs :func:`_keep` saved of sweep ``run_id`` (those of ``settings`` when given); None when not saved."""
-    if not (path := folder / RUNS / f"{run_id}.csv").exists():
+    if not (path := _saved_path(folder, run_id)).exists():
         return None
     runs = read_runs(str(path))[0]
     return runs if settings is None else runs[runs["setting"].isin(settings)]
@@ -110,7 +114,7 @@ def _phase_runs(bench: Bench, uri: str, experiment: str, run_id: str, folder: Pa
     2026-11-26, when phases were not yet saved), the runs the folder's tables were made of (``final_runs_b<N>.csv``:
     every chosen setting on every final seed, which the callers pick by setting); none of these, none (the phase
     runs again)."""
-    saved = folder / RUNS / f"{run_id}.csv"
+    saved = _saved_path(folder, run_id)
     # the tables of this file's budgets only: a file left by a budget since dropped may hold another sweep's runs
     tables = [t for b in bench.budgets if (t := folder / f"final_runs_b{b}.csv").exists()] if final else []
     if not _in_store(uri, run_id) and (sources := [saved] if saved.exists() else tables):
@@ -424,8 +428,7 @@ def _codes(folder: Path, done: dict[str, dict[str, Any]], final: pd.DataFrame,
     commit, or a method run again alone, mixes them; the table says so."""
     tuning: dict[str, pd.DataFrame | None] = {}
     for run in {entry["tune_run"] for entry in done.values()}:
-        path = folder / RUNS / f"{run}.csv"
-        tuning[run] = read_runs(str(path))[0] if path.exists() else None
+        tuning[run] = saved_runs(folder, run)
     codes: dict[int, dict[str, set[str]]] = {budget: {} for budget in budgets}
     for key, entry in done.items():
         runs = tuning[entry["tune_run"]]
