@@ -1,0 +1,131 @@
+"""The numbers a cell's section in docs/benchmark.md quotes, computed from the folder `fedsweep bench` wrote (and its
+MLP cell's folder, for a CNN cell): what a publication writes and a reader can check, where cell_diff.py says what
+moved between two runs of one cell.
+
+    python benchmarks/cell_facts.py FOLDER [--mlp MLP_FOLDER]
+
+Printed, at the largest budget (the table's) in points of the ranking metric: the top rows with their seeds; the
+rows whose 95% CI overlaps the first's, and those that lie entirely below all of the top five; Local's rank, and the
+CIs that end below its lower end; the rows equal in every metric column (FedBN and FedAvg on a model without a
+normalization layer); against the MLP cell (rows in both, how many are lower, the median difference, Spearman's ρ of
+the two orders, the largest gains and losses); the wide rows (CI above 5 points) with their seeds and their
+smaller budget's row; the methods without a row (a final seed diverged); the unseen clients' lowest and highest;
+the smaller budget against the largest (ρ, the same choices); the final runs' seconds and the transmissions; the
+tuning trials that did not finish; each method's best two settings on validation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from fedsweep.bench_run import saved_runs
+from fedsweep.table import read_runs
+
+M = "personalized_accuracy_mean"
+GLOBAL_MODEL = ("fedavg", "fedavgm", "fedprox", "scaffold", "feddyn", "fedadam", "fedyogi", "fednova", "moon")
+
+
+def _r(x, digits: int = 2) -> float:
+    return round(float(x), digits)
+
+
+def _table(folder: Path, budget: int) -> pd.DataFrame:
+    return pd.read_csv(folder / f"table_b{budget}.csv").set_index("algorithm")
+
+
+def _points(table: pd.DataFrame, metric: str = M) -> tuple[pd.Series, pd.Series]:
+    return 100 * table[f"{metric} mean"], 100 * table[f"{metric} ci95"]
+
+
+def facts(folder: Path, mlp: Path | None = None) -> dict:
+    """The section's numbers (see the module's docstring) of the methods with final runs, as plain values."""
+    state = {k: e for k, e in json.loads((folder / "bench_state.json").read_text())["methods"].items() if "final_run" in e}
+    budgets = sorted((int(p.stem.rsplit("_b", 1)[1]) for p in folder.glob("table_b*.csv")), reverse=True)
+    top, small = budgets[0], budgets[-1]
+    table, table_small = _table(folder, top), _table(folder, small)
+    finals = read_runs(str(folder / f"final_runs_b{top}.csv"))[0]
+    mean, ci = _points(table)
+    order = list(mean.sort_values(ascending=False, kind="stable").index)
+    rank = {k: i + 1 for i, k in enumerate(order)}
+
+    def seeds(key: str) -> list:
+        runs = finals[finals["algorithm"] == key].sort_values("seed")
+        return [_r(100 * v) if o == "finished" else o for v, o in zip(runs[M], runs["outcome"])]
+
+    first = order[0]
+    top5_floor = min(mean[k] - ci[k] for k in order[:5])
+    columns = [c for c in table.columns if c.endswith(" mean") and not c.startswith("wall_time")]
+    same = [(a, b) for i, a in enumerate(order) for b in order[i + 1:]
+            if table.loc[a, columns].fillna(-1).equals(table.loc[b, columns].fillna(-1))]
+    out = {
+        "methods": len(state), "rows": len(table), "budgets": budgets,
+        "top": [(k, _r(mean[k]), _r(ci[k]), table.loc[k, "best setting"], seeds(k)) for k in order[:6]],
+        "overlap_first": [k for k in order[1:] if mean[k] + ci[k] >= mean[first] - ci[first]],
+        "below_top5": [k for k in order if mean[k] + ci[k] < top5_floor],
+        "narrowest": (ci.idxmin(), _r(ci.min())),
+        "identical": same,
+        "no_row": {k: seeds(k) for k in sorted(set(state) - set(table.index))},
+        "wide": [(k, rank[k], _r(mean[k]), _r(ci[k]), seeds(k)) for k in order if ci[k] > 5],
+    }
+    if "local" in rank:
+        low = mean["local"] - ci["local"]
+        out["local"] = {"rank": rank["local"], "global_model_above": [k for k in GLOBAL_MODEL if k in rank and rank[k] < rank["local"]],
+                        "ci_below": [k for k in order if mean[k] + ci[k] < low]}
+    if mlp is not None:
+        mean_mlp = _points(_table(mlp, top))[0]
+        both = [k for k in order if k in mean_mlp.index]
+        diff = (mean[both] - mean_mlp[both]).sort_values()
+        out["mlp"] = {"rows": len(both), "lower": int((diff < 0).sum()), "median": _r(diff.median()),
+                      "spearman": round(float(mean[both].corr(mean_mlp[both], method="spearman")), 3),
+                      "gains": [(k, _r(v)) for k, v in diff[::-1][:5].items()],
+                      "losses": [(k, _r(v)) for k, v in diff[:5].items()]}
+    if small != top:
+        mean_small, ci_small = _points(table_small)
+        both = [k for k in order if k in mean_small.index]
+        out["small_budget"] = {
+            "budget": small, "rows": len(both),
+            "spearman": round(float(mean[both].corr(mean_small[both], method="spearman")), 3),
+            "same_choice": sorted(k for k, e in state.items() if e["chosen"].get(str(top)) == e["chosen"].get(str(small))),
+            "rows_of": {k: (_r(mean_small[k]), _r(ci_small[k]), table_small.loc[k, "best setting"])
+                        for k in set(out["no_row"]) | {w[0] for w in out["wide"]} if k in mean_small.index}}
+    unseen = _points(table, "unseen_personalized_accuracy_mean")[0].dropna().sort_values()
+    out["unseen_lowest"] = [(k, _r(v)) for k, v in unseen[:8].items()]
+    out["unseen_highest"] = [(k, _r(v)) for k, v in unseen[::-1][:6].items()]
+    wall = table["wall_time_s mean"].sort_values(ascending=False)
+    out["final_run_s"] = [(k, _r(v, 0)) for k, v in wall.items()]
+    out["transmissions"] = [(k, _r(v, 0)) for k, v in table["transmissions mean"].sort_values(ascending=False).items()]
+    out.update(_tuning(folder, state))
+    return out
+
+
+def _tuning(folder: Path, state: dict) -> dict:
+    """Each method's tuning runs (its own settings, from the phase's saved copy): the trials that did not finish, and
+    its best two settings on validation."""
+    copies: dict[str, pd.DataFrame | None] = {}
+    not_finished, best = {}, {}
+    for key, entry in state.items():
+        if entry["tune_run"] not in copies:
+            copies[entry["tune_run"]] = saved_runs(folder, entry["tune_run"])
+        if (runs := copies[entry["tune_run"]]) is None:
+            continue
+        runs = runs[runs["setting"].isin(entry["settings"])].sort_values(f"val_{M}", ascending=False, kind="stable")
+        not_finished[key] = int((runs["outcome"] != "finished").sum())
+        best[key] = [(label, _r(100 * v)) for label, v in zip(runs["setting_label"][:2], runs[f"val_{M}"][:2])]
+    return {"tuning_runs": sum(len(state[k]["settings"]) for k in best), "not_finished": not_finished, "best_on_validation": best}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("--mlp", type=Path, help="the MLP cell's folder, for a CNN cell")
+    args = parser.parse_args(argv)
+    for key, value in facts(args.folder, args.mlp).items():
+        print(f"{key}: {value}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""benchmarks/cell_facts.py on a published cell: the numbers docs/benchmark.md's MNIST Dirichlet small-CNN section
+states in words are what the tool computes from the cell's folder (and its MLP cell's)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from benchmarks.cell_facts import facts, main
+
+B = Path(__file__).resolve().parents[1] / "docs" / "results" / "benchmark"
+
+
+def test_the_mnist_dirichlet_cnn_sections_statements_are_the_folders_numbers():
+    f = facts(B / "bench-mnist-dirichlet-cnn", B / "bench-mnist-dirichlet")
+    assert (f["methods"], f["rows"], f["budgets"]) == (38, 37, [16, 4])
+    # "FedNova 97.24 ± 1.67 (97.96%, 96.63%, 97.13%; ...), then FedDBE 96.66 ± 1.76, FedDyn 96.60 ± 0.38 (the
+    # narrowest CI of the cell), FedDeper 96.29 ± 1.79 and FedRep 96.12 ± 0.57. The CIs of 23 methods overlap FedNova's
+    # [...]; only Per-FedAvg HF, MOON, FedEM and SCAFFOLD lie entirely below all of the top five."
+    assert f["top"][0] == ("fednova", 97.24, 1.67, "β=0.2061, local_momentum=0.03023", [97.96, 96.63, 97.13])
+    assert [t[0] for t in f["top"][:5]] == ["fednova", "feddbe", "feddyn", "feddeper", "fedrep"]
+    assert f["narrowest"] == ("feddyn", 0.38) and len(f["overlap_first"]) == 23
+    assert f["below_top5"] == ["perfedavg_hf", "moon", "fedem", "scaffold"]
+    # "Local (94.13 ± 0.77) ranks 21st [...] Only SCAFFOLD's and FedEM's CIs end below its lower end."
+    assert f["local"]["rank"] == 21 and sorted(f["local"]["ci_below"]) == ["fedem", "scaffold"]
+    assert f["local"]["global_model_above"] == ["feddyn", "fedadam", "fedyogi", "fednova"]
+    # "FedBN equals FedAvg, and P-Avg (MAML) Per-FedAvg FO, in every metric column"
+    assert sorted(map(sorted, f["identical"])) == [["fedavg", "fedbn"], ["pavg_maml", "perfedavg_fo"]]
+    # "Ditto's choice [...] gave 86.34% and 94.90% and diverged on the third seed, so it has no budget-16 row"
+    assert f["no_row"] == {"ditto": [86.34, 94.9, "diverged"]}
+    # "of the 37 methods with a row in both cells, the CNN's is lower for 14, the median difference +0.47 points, the
+    # orders Spearman ρ 0.565"; the largest losses PFLScaf (Proto)'s (−22.69) and FedALA's (−12.53)
+    assert {k: f["mlp"][k] for k in ("rows", "lower", "median", "spearman")} == {"rows": 37, "lower": 14, "median": 0.47, "spearman": 0.565}
+    assert f["mlp"]["losses"][:2] == [("pflscaf_proto", -22.69), ("fedala", -12.53)]
+    # "the ranks of the 36 methods with a row at both correlate with Spearman ρ 0.64; 7 of 38 chose the same setting"
+    small = f["small_budget"]
+    assert (small["rows"], round(small["spearman"], 2), len(small["same_choice"])) == (36, 0.64, 7)
+    assert small["rows_of"]["fedala"] == (96.34, 0.18, "β=0.1567, eta=1.54")
+    # "a final run of FedALA took 288 s on average, pFedMe 264 s"; "FedEM 2,400, IFCA 2,000"
+    assert f["final_run_s"][:2] == [("fedala", 288.0), ("pfedme", 264.0)]
+    assert f["transmissions"][:2] == [("fedem", 2400.0), ("ifca", 2000.0)]
+    # "Ditto's choice (β = 0.4439, α = 0.07084, λ = 0.8941; 96.47% on validation, the next 93.87%)"
+    assert [v for _, v in f["best_on_validation"]["ditto"]] == [96.47, 93.87]
+    assert f["tuning_runs"] == 608
+
+
+def test_the_command_prints_every_fact(capsys):
+    main([str(B / "bench-synthetic")])
+    out = capsys.readouterr().out
+    assert out.startswith("methods: ") and "\nidentical: " in out and "\nmlp: " not in out
