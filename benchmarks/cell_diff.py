@@ -67,21 +67,30 @@ def compare(new: Path, old: Path, budget: int) -> dict:
     }
 
 
+def method_runs(folder: Path, methods: dict, phase: str) -> dict[str, pd.DataFrame]:
+    """Each method's runs of one recorded phase (``tune_run``: its own settings; ``final_run``: its chosen ones), from
+    the phase's saved copy in ``runs/``, each copy read once though many methods' runs are in it; a method whose
+    phase is not recorded, or not saved, is left out."""
+    copies: dict[str, pd.DataFrame | None] = {}
+    out = {}
+    for key, entry in methods.items():
+        if not (run_id := entry.get(phase)):
+            continue
+        if run_id not in copies:
+            copies[run_id] = saved_runs(folder, run_id)
+        if (runs := copies[run_id]) is not None:
+            chosen = [s for s in entry.get("chosen", {}).values() if s is not None]
+            out[key] = runs[runs["setting"].isin(entry.get("settings", []) if phase == "tune_run" else chosen)]
+    return out
+
+
 def recorded_runs(folder: Path) -> pd.DataFrame:
-    """The runs of the phases ``bench_state.json`` names for each method, from their saved copies (``runs/``): its
-    tuning sweep's runs of its own settings and its final sweep's runs of its chosen ones. A phase run again (FedAMP's
-    after its fix) replaces the one before, whose copy stays in ``runs/``; a phase without a saved copy is left out."""
-    by_sweep: dict[str, pd.DataFrame | None] = {}  # a sweep's copy read once, though many methods' runs are in it
-    parts = []
-    for entry in read_state(folder).get("methods", {}).values():
-        chosen = [s for s in entry.get("chosen", {}).values() if s is not None]
-        for phase, settings in (("tune_run", entry.get("settings", [])), ("final_run", chosen)):
-            if not (run_id := entry.get(phase)):
-                continue
-            if run_id not in by_sweep:
-                by_sweep[run_id] = saved_runs(folder, run_id)
-            if (runs := by_sweep[run_id]) is not None:
-                parts.append(runs[runs["setting"].isin(settings)])
+    """The runs of the phases ``bench_state.json`` names for each method (:func:`method_runs`): its tuning sweep's
+    runs of its own settings and its final sweep's runs of its chosen ones. A phase run again (FedAMP's after its
+    fix) replaces the one before, whose copy stays in ``runs/``; a phase without a saved copy is left out."""
+    methods = read_state(folder).get("methods", {})
+    phases = {phase: method_runs(folder, methods, phase) for phase in ("tune_run", "final_run")}
+    parts = [phases[phase][key] for key in methods for phase in ("tune_run", "final_run") if key in phases[phase]]
     return pd.concat(parts, ignore_index=True).drop_duplicates(["setting", "seed"]) if parts else pd.DataFrame()
 
 

@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import pandas as pd
 
-from fedsweep.bench_run import saved_runs
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.cell_diff import method_runs
 from fedsweep.table import read_runs
 
 M = "personalized_accuracy_mean"
@@ -105,14 +108,9 @@ def facts(folder: Path, mlp: Path | None = None) -> dict:
 def _tuning(folder: Path, state: dict) -> dict:
     """Each method's tuning runs (its own settings, from the phase's saved copy): the trials that did not finish, and
     its best two settings on validation."""
-    copies: dict[str, pd.DataFrame | None] = {}
     not_finished, best = {}, {}
-    for key, entry in state.items():
-        if entry["tune_run"] not in copies:
-            copies[entry["tune_run"]] = saved_runs(folder, entry["tune_run"])
-        if (runs := copies[entry["tune_run"]]) is None:
-            continue
-        runs = runs[runs["setting"].isin(entry["settings"])].sort_values(f"val_{M}", ascending=False, kind="stable")
+    for key, runs in method_runs(folder, state, "tune_run").items():
+        runs = runs.sort_values(f"val_{M}", ascending=False, kind="stable")
         not_finished[key] = int((runs["outcome"] != "finished").sum())
         best[key] = [(label, _r(100 * v)) for label, v in zip(runs["setting_label"][:2], runs[f"val_{M}"][:2])]
     return {"tuning_runs": sum(len(state[k]["settings"]) for k in best), "not_finished": not_finished, "best_on_validation": best}
