@@ -94,7 +94,7 @@ def facts(folder: Path, mlp: Path | None = None) -> dict:
             "spearman": round(float(mean[both].corr(mean_small[both], method="spearman")), 3),
             "same_choice": sorted(k for k, e in state.items() if e["chosen"].get(str(top)) == e["chosen"].get(str(small))),
             "rows_of": {k: (_r(mean_small[k]), _r(ci_small[k]), table_small.loc[k, "best setting"])
-                        for k in set(out["no_row"]) | {w[0] for w in out["wide"]} if k in mean_small.index}}
+                        for k in [*out["no_row"], *(w[0] for w in out["wide"])] if k in mean_small.index}}
     unseen = _points(table, "unseen_personalized_accuracy_mean")[0].dropna().sort_values()
     out["unseen_lowest"] = [(k, _r(v)) for k, v in unseen[:8].items()]
     out["unseen_highest"] = [(k, _r(v)) for k, v in unseen[::-1][:6].items()]
