@@ -61,6 +61,18 @@ def config_dict(**sections) -> dict:
     return d
 
 
+def sqlite_store(db: Path) -> str:
+    """The URI of a SQLite MLflow store at ``db``, its tables created in this process. A test that reads a store while a
+    driver it started writes it creates the store before starting the driver: two processes creating one fresh store
+    at once race on its migrations (CI of stop 81: the driver exited with "table sql_trace_metric_daily_rollups
+    already exists" as the test's first poll created the same tables)."""
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{db}"
+    MlflowClient(uri).search_experiments()
+    return uri
+
+
 def assert_running(proc, deadline: float, what: str) -> None:
     """A test's sweep process is still running, before ``deadline`` (``time.time()``): else the test fails naming
     ``what`` it waited for, with the end of the process's output when it exited (its error, not only its code)."""

@@ -17,7 +17,7 @@ import yaml
 
 from fedsweep.checkpoint import META
 from fedsweep.loading import load_sweep
-from tests.conftest import assert_running, assert_runs_equal_run_local, config_dict
+from tests.conftest import assert_running, assert_runs_equal_run_local, config_dict, sqlite_store
 from tests.ray_cluster import RayCluster
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -34,7 +34,7 @@ def cluster(tmp_path):
 
 
 def sweep_file(tmp_path: Path, experiment: str, sweep: dict, **sections) -> Path:
-    body = config_dict(tracking={"experiment": experiment, "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}, **sections)
+    body = config_dict(tracking={"experiment": experiment, "tracking_uri": sqlite_store(tmp_path / "mlflow.db")}, **sections)
     body["sweep"] = {"name": experiment, "storage_path": str(tmp_path / "shared" / "ray_results"), **sweep}
     path = tmp_path / f"{experiment}.yaml"
     path.write_text(yaml.safe_dump(body))

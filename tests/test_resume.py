@@ -18,7 +18,7 @@ import yaml
 from fedsweep.cli import main
 from fedsweep.engine import run_local
 from fedsweep.loading import load_sweep
-from tests.conftest import assert_running, config_dict
+from tests.conftest import assert_running, config_dict, sqlite_store
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -115,7 +115,7 @@ def test_killed_sweep_resumes_without_rerunning_or_duplicating(tmp_path, storage
     """``folder``: ``sweep.storage_path`` a local folder (a shared filesystem on a cluster). ``s3``: a bucket of a
     local S3-compatible server; the resuming driver runs in another folder with another home, as on a driver
     node that replaced the lost one: all it finds of the sweep is in the bucket and in MLflow."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_store(tmp_path / "mlflow.db")  # before the driver: the test reads the store while it runs
     body = config_dict(
         # rounds long enough that an evaluation interval outlasts tracking.LINGER_S: each evaluation round's metrics
         # (and the checkpoints after them) are written while the trial runs, for the kill below to fall mid-trial
@@ -237,7 +237,7 @@ def test_a_sweep_stopped_with_ctrl_c_reruns_its_stopped_trials_on_resume(tmp_pat
     nor stopped_early (which --resume would take for done, and a table for a setting a scheduler dropped); the
     parent run ends KILLED and the command exits 130 saying how to go on; --resume reruns the trial to its last
     round, with an uninterrupted run's numbers."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_store(tmp_path / "mlflow.db")  # before the driver: the test reads the store while it runs
     body = config_dict(algorithm={"local_lr": {"grid": [0.1, 0.05]}, "local_steps": 600}, rounds=6, eval_every=2,
                        resources={"cluster_cpus": 2, "client_workers": 1}, tracking={"experiment": "resume", "tracking_uri": uri})
     body["sweep"] = {"name": "c", "max_concurrent_trials": 1, "storage_path": str(tmp_path / "ray_results")}
@@ -297,7 +297,7 @@ def test_a_benchmark_stopped_mid_tuning_records_its_finished_methods_and_resumes
     raw.update(rounds=6, eval_every=2)
     raw["sweep"].update(num_samples=2, name="stop")
     Path(path).write_text(yaml.safe_dump(raw, sort_keys=False))
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_store(tmp_path / "mlflow.db")  # before the driver: the test reads the store while it runs
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_RUN_ID")} | {"MLFLOW_TRACKING_URI": uri}
     command = [FEDSWEEP, "bench", path, "--output", str(tmp_path / "out"), "--quiet"]
     driver = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
