@@ -26,7 +26,7 @@ from pathlib import Path
 import pandas as pd
 
 from fedsweep.bench import read_state
-from fedsweep.bench_run import saved_runs
+from fedsweep.bench_folder import saved_runs
 from fedsweep.table import read_runs
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -155,6 +155,7 @@ def run(args) -> None:
 def log(args) -> None:
     from fedsweep.bench_run import open_state, phase_tags, record_final, record_tuning, write_tables
     from fedsweep.table import load_runs
+    from fedsweep.tracking import client
 
     out = Path(args.dir)
     keys = [k for k in gpu_cell(args.file).in_file if (out / k / "tune").is_dir()]
@@ -194,6 +195,7 @@ def log(args) -> None:
         record_final(state, [key], parent, runs, folder)
         print(f"[device bench] {key}: tuning and final runs recorded in {folder}")
     write_tables(load_bench(args.file, check_cluster=False), state, uri, folder)
+    client(uri).set_terminated(state["run_id"], "FINISHED")  # as `fedsweep bench` ends it
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -31,8 +31,9 @@ from fedsweep.bench import (
     write_state,
 )
 from fedsweep.bench_figures import ranking_figure, transmissions_figure
+from fedsweep.bench_folder import absent_note, bench_seeds, code_note, keep_runs, row_codes, saved_path
 from fedsweep.config import ConfigError, Sweep, resolve_tracking_uri
-from fedsweep.table import draw_order, load_runs, read_runs, save_runs, to_markdown
+from fedsweep.table import load_runs, read_runs, save_runs, to_markdown
 from fedsweep.tracking import PARENT_TAG, TAG_PREFIX, client, ensure_experiment, kernel_settings
 
 
@@ -75,9 +76,6 @@ def _phase(bench: Bench, sweep: Sweep, resume: bool, parent: str, verbose: int, 
     return out, runs, missing
 
 
-#: The folder, beside bench_state.json, of each finished phase's runs (:func:`_keep`).
-RUNS = "runs"
-
 
 def _in_store(uri: str, run_id: str) -> bool:
     from mlflow.exceptions import MlflowException
@@ -89,32 +87,14 @@ def _in_store(uri: str, run_id: str) -> bool:
         return False
 
 
-def _saved_path(folder: Path, run_id: str) -> Path:
-    return folder / RUNS / f"{run_id}.csv"
-
-
-def _keep(folder: Path, run_id: str, runs: pd.DataFrame) -> None:
-    """A finished phase's runs (those of sweep ``run_id``) saved as ``fedsweep table --runs-output`` saves them."""
-    (folder / RUNS).mkdir(parents=True, exist_ok=True)
-    save_runs(runs, {}, str(_saved_path(folder, run_id)))
-
-
-def saved_runs(folder: Path, run_id: str, settings: list[str] | None = None) -> pd.DataFrame | None:
-    """The runs :func:`_keep` saved of sweep ``run_id`` (those of ``settings`` when given); None when not saved."""
-    if not (path := _saved_path(folder, run_id)).exists():
-        return None
-    runs = read_runs(str(path))[0]
-    return runs if settings is None else runs[runs["setting"].isin(settings)]
-
-
 def _phase_runs(bench: Bench, uri: str, experiment: str, run_id: str, folder: Path,
                 target: float | None = None, final: bool = False) -> pd.DataFrame:
     """A recorded phase's runs: the store's, or, where the store does not hold that sweep at all (the folder came from
-    another machine), the copy :func:`_keep` saved; for a final sweep without that copy (a folder written before
+    another machine), the copy :func:`keep_runs` saved; for a final sweep without that copy (a folder written before
     2026-11-26, when phases were not yet saved), the runs the folder's tables were made of (``final_runs_b<N>.csv``:
     every chosen setting on every final seed, which the callers pick by setting); none of these, none (the phase
     runs again)."""
-    saved = _saved_path(folder, run_id)
+    saved = saved_path(folder, run_id)
     # the tables of this file's budgets only: a file left by a budget since dropped may hold another sweep's runs
     tables = [t for b in bench.budgets if (t := folder / f"final_runs_b{b}.csv").exists()] if final else []
     if not _in_store(uri, run_id) and (sources := [saved] if saved.exists() else tables):
@@ -150,6 +130,8 @@ def open_state(bench: Bench, output: str | Path, resume: bool) -> tuple[Path, di
         state["run_id"] = c.create_run(ensure_experiment(uri, experiment), run_name=bench.name, tags={
             f"{TAG_PREFIX}bench": "true", f"{TAG_PREFIX}source_file": bench.path}).info.run_id
         c.log_text(state["run_id"], Path(bench.path).read_text(), "bench/benchmark.yaml")
+    else:
+        c.update_run(state["run_id"], status="RUNNING")
     methods = state.setdefault("methods", {})
     for key in bench.tunes:
         drawn = sorted(bench.sections[key])
@@ -179,7 +161,7 @@ def record_tuning(bench: Bench, state: dict[str, Any], keys: list[str], sweep_ru
         mine = runs[method == key]
         methods[key].update(tune_run=sweep_run_id, chosen={str(b): s for b, s in chosen.items()},
                             tried=int(mine["setting"].nunique()), tuning_wall_s=float(mine["wall_time_s"].sum()))
-    _keep(folder, sweep_run_id, runs)
+    keep_runs(folder, sweep_run_id, runs)
     write_state(folder, state)
 
 
@@ -187,14 +169,27 @@ def record_final(state: dict[str, Any], keys: list[str], sweep_run_id: str, runs
     """A finished final phase (every chosen setting of ``keys`` on every final seed): recorded, its runs kept."""
     for key in keys:
         state["methods"][key]["final_run"] = sweep_run_id
-    _keep(folder, sweep_run_id, runs)
+    keep_runs(folder, sweep_run_id, runs)
     write_state(folder, state)
 
 
 def run_bench(bench: Bench, output: str | Path, resume: bool = False, verbose: int = 1) -> tuple[Path, int]:
     """The tuning sweep of the methods without a choice yet, the final sweep of those without final runs, then
-    the tables; returns the folder and the number of sweeps that did not finish (``--resume`` reruns them)."""
+    the tables; returns the folder and the number of sweeps that did not finish (``--resume`` reruns them). The
+    benchmark's MLflow run ends with the command, as a sweep's parent does: FINISHED, FAILED (a sweep did not finish)
+    or KILLED (Ctrl-C or an error); ``--resume`` sets it RUNNING again."""
     folder, state, uri, experiment = open_state(bench, output, resume)
+    status = "KILLED"
+    try:
+        failed = _run_phases(bench, folder, state, uri, experiment, resume, verbose)
+        status = "FAILED" if failed else "FINISHED"
+        return folder, failed
+    finally:
+        client(uri).set_terminated(state["run_id"], status)
+
+
+def _run_phases(bench: Bench, folder: Path, state: dict[str, Any], uri: str, experiment: str, resume: bool,
+                verbose: int) -> int:
     methods, target = state["methods"], bench.first.settings.target_accuracy
     done = [k for k in bench.in_file if "final_run" in methods.get(k, {})]
     print(f"[bench {bench.name}] {folder}: {len(done)} of the file's {len(bench.in_file)} methods done (their final runs "
@@ -208,7 +203,7 @@ def run_bench(bench: Bench, output: str | Path, resume: bool = False, verbose: i
         ended = _phase(bench, sweep, resume, state["run_id"], verbose, uri, experiment, [s for k in keys for s in owed[k]],
                        bench.sweep_section["seeds"])
         if not _settle(bench, state, "tuning", owed, pending, folder, *ended):
-            return folder, 1  # a method missing a setting would choose among fewer: none of those chooses
+            return 1  # a method missing a setting would choose among fewer: none of those chooses
     if pending := [k for k in bench.tunes if "final_run" not in methods[k] and any(methods[k]["chosen"].values())]:
         keys = _sweep_keys(bench, state, "final", pending, resume, uri)
         owed = {k: sorted({s for s in methods[k]["chosen"].values() if s is not None}) for k in keys}
@@ -222,7 +217,7 @@ def run_bench(bench: Bench, output: str | Path, resume: bool = False, verbose: i
             print(f"[bench {bench.name}] {key}: no setting finished on every tuning seed; not in the tables", file=sys.stderr)
     # the tables hold every method of the file that has its final runs, not only those of --methods
     write_tables(load_bench(bench.path, check_cluster=False) if bench.only else bench, state, uri, folder)
-    return folder, failed
+    return failed
 
 
 def _final_sweep(bench: Bench, methods: dict[str, dict[str, Any]], keys: list[str]) -> Sweep:
@@ -264,7 +259,7 @@ def _settle(bench: Bench, state: dict[str, Any], phase: str, owed: dict[str, lis
     methods and run, for :func:`_sweep_keys`), so that a folder carried to another machine loses only the methods
     not recorded, and a sweep stopped (more runs missing than trials failed: Ctrl-C ends Tune without an error)
     raises :class:`Interrupted`."""
-    seeds = _seeds(bench)[phase]
+    seeds = bench_seeds(bench)[phase]
     done = [k for k in pending if not missing_runs(runs, owed[k], seeds)]
     flight = state.setdefault(IN_FLIGHT, {})
     if missing:
@@ -297,7 +292,7 @@ def _check_seeds(bench: Bench, key: str, entry: dict[str, Any], folder: Path) ->
     """A method's recorded phases against the file's seeds now: tuning seeds changed, it is tuned again (a choice
     averaged over other seeds, or a final seed that tuned); final seeds changed, its final runs run again (a table's
     n must be its seeds'). A state written before the seeds were recorded takes them as they are."""
-    seeds = _seeds(bench)
+    seeds = bench_seeds(bench)
     recorded = entry.get("seeds", seeds)
     for phase, gone in (("tuning", ("chosen", "tune_run", "final_run")), ("final", ("final_run",))):
         if recorded[phase] != seeds[phase] and any(g in entry for g in gone):
@@ -309,16 +304,11 @@ def _check_seeds(bench: Bench, key: str, entry: dict[str, Any], folder: Path) ->
     entry["seeds"] = seeds
 
 
-def _seeds(bench: Bench) -> dict[str, list[int]]:
-    """The file's tuning and final seeds, as ``bench_state.json`` records them for each method's runs."""
-    return {"tuning": sorted(bench.sweep_section["seeds"]), "final": sorted(bench.settings.final_seeds)}
-
-
 def tabled(bench: Bench, methods: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """The methods whose final runs are this file's protocol, sorted: its settings and seeds as the runs had them. A
     ``--methods`` run checks only its own methods (:func:`_check_seeds`), so the others are checked here: one whose
-    draws or seeds changed since its runs stays out of the tables (:func:`_absent_note` says why)."""
-    seeds = _seeds(bench)
+    draws or seeds changed since its runs stays out of the tables (:func:`absent_note` says why)."""
+    seeds = bench_seeds(bench)
     return {k: e for k, e in sorted(methods.items()) if "final_run" in e and k in bench.tunes
             and e.get("settings") == sorted(bench.sections[k]) and e.get("seeds", seeds) == seeds}
 
@@ -388,7 +378,7 @@ def write_tables(bench: Bench, state: dict[str, Any], uri: str, folder: Path) ->
     tried = {k: e["tried"] for k, e in done.items()}
     labels = {s: bench.label(k, s) for k, by_budget in chosen.items() for s in by_budget.values() if s is not None}
     wall = ", ".join(f"{k} {e['tuning_wall_s']:.0f}" for k, e in done.items())
-    codes = _codes(folder, done, final, bench.budgets)
+    codes = row_codes(folder, done, final, bench.budgets)
     tables = {}
     # the final runs: one setting per method, chosen on validation before they ran
     tags = {f"{TAG_PREFIX}bench": bench.name, f"{TAG_PREFIX}metric": settings.metric, f"{TAG_PREFIX}mode": settings.mode,
@@ -403,7 +393,7 @@ def write_tables(bench: Bench, state: dict[str, Any], uri: str, folder: Path) ->
                   f"transmissions: floats sent up and down by the end, in models. Tuning time per method (s, the "
                   f"servers' wall time summed over its runs): {wall}.")
         rows = set(table["algorithm"])
-        note = _absent_note(bench, state["methods"], rows, budget) + _code_note(
+        note = absent_note(bench, state["methods"], rows, budget) + code_note(
             {k: c for k, c in codes[budget].items() if k in rows})
         (folder / f"table_b{budget}.md").write_text(header + "\n\n" + to_markdown(table) + "\n" + note)
         table.to_csv(folder / f"table_b{budget}.csv", index=False)
@@ -415,76 +405,3 @@ def write_tables(bench: Bench, state: dict[str, Any], uri: str, folder: Path) ->
         (folder / "compact.md").write_text(compact_markdown(tables, settings.metric) + "\n")
         client(uri).log_artifacts(state["run_id"], str(folder), "bench")
     return tables
-
-
-NO_CODE, NO_TUNING = "no `code` tag", "tuning runs not saved"
-_CODES = "\nCode (the runs' `code` tag; tuning and final runs): "
-
-
-def _codes(folder: Path, done: dict[str, dict[str, Any]], final: pd.DataFrame,
-           budgets: list[int]) -> dict[int, dict[str, set[str]]]:
-    """For each budget, the commits (runs' ``code``) of the runs behind each method's row: its first ``budget``
-    tuning settings' runs (from the phase's saved copy) and its choice's final runs. A phase resumed after a
-    commit, or a method run again alone, mixes them; the table says so."""
-    tuning: dict[str, pd.DataFrame | None] = {}
-    for run in {entry["tune_run"] for entry in done.values()}:
-        tuning[run] = saved_runs(folder, run)
-    codes: dict[int, dict[str, set[str]]] = {budget: {} for budget in budgets}
-    for key, entry in done.items():
-        runs = tuning[entry["tune_run"]]
-        if runs is not None:
-            runs = runs.loc[runs["setting"].isin(entry["settings"])]
-        for budget in budgets:
-            if (chosen := entry["chosen"].get(str(budget))) is None:
-                continue
-            mine, found = [final.loc[final["setting"] == chosen]] if len(final) else [], set()
-            if runs is None:
-                found.add(NO_TUNING)
-            else:
-                mine.append(runs.loc[runs["setting"].isin(draw_order(runs)[:budget])])
-            for part in mine:
-                found |= {c if isinstance(c, str) and c else NO_CODE for c in part.get("code", [NO_CODE] * len(part))}
-            codes[budget][key] = found
-    return codes
-
-
-def _code_note(codes: dict[str, set[str]]) -> str:
-    """A table's line naming the code that ran it: one commit, or each commit with the methods whose runs it ran
-    (the largest group, of more than six, counted)."""
-    groups: dict[tuple[str, ...], list[str]] = {}
-    for key, commits in sorted(codes.items()):
-        groups.setdefault(tuple(sorted(commits)), []).append(key)
-    if len(groups) == 1:
-        only = next(iter(groups))
-        if only == (NO_CODE,):
-            return "\nCode: not recorded (no run has a `code` tag).\n"
-        if not {NO_CODE, NO_TUNING} & set(only):
-            return f"\nCode: every run at {' and '.join(only)} (the runs' `code` tag).\n"
-        return f"{_CODES}{' and '.join(only)}, every method.\n"
-    ordered = sorted(groups.items(), key=lambda g: len(g[1]))
-    parts = [f"{' and '.join(c) or 'no runs saved'}: "
-             + (f"the {len(keys)} other methods" if i == len(ordered) - 1 and len(keys) > 6 else ", ".join(keys))
-             for i, (c, keys) in enumerate(ordered)]
-    return _CODES + "; ".join(parts) + ".\n"
-
-
-def _absent_note(bench: Bench, methods: dict[str, dict[str, Any]], rows: set[str], budget: int) -> str:
-    """Every method of the file missing from budget ``budget``'s table, with why: a table says what it leaves out."""
-    why, seeds = {}, _seeds(bench)
-    for key in bench.tunes:
-        entry = methods.get(key, {})
-        if key in rows:
-            continue
-        if "chosen" not in entry:
-            why[key] = "not tuned yet, or its tuning did not finish; --resume goes on"
-        elif entry.get("settings") != sorted(bench.sections[key]):
-            why[key] = "its settings changed since its runs; --resume runs it again"
-        elif entry.get("seeds", seeds) != seeds:
-            why[key] = "its seeds changed since its runs; --resume runs it again"
-        elif entry["chosen"].get(str(budget)) is None:
-            why[key] = f"none of its first {budget} settings finished on every tuning seed"
-        elif "final_run" not in entry:
-            why[key] = "its final runs did not all finish; --resume goes on"
-        else:
-            why[key] = f"a final run of its chosen setting did not finish (diverged, or interrupted); see final_runs_b{budget}.csv"
-    return "".join(f"\nNot in this table: {key}: {reason}.\n" for key, reason in sorted(why.items()))

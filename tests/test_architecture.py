@@ -117,7 +117,7 @@ def _within(module: str, packages: tuple[str, ...]) -> bool:
 #: modules of its own layer or of a layer below it, lazy imports included.
 LAYERS = {
     "commands": ("fedsweep.cli", "fedsweep.cli_table", "fedsweep.cli_common"),
-    "benchmark": ("fedsweep.bench", "fedsweep.bench_run", "fedsweep.bench_figures"),
+    "benchmark": ("fedsweep.bench", "fedsweep.bench_run", "fedsweep.bench_folder", "fedsweep.bench_figures"),
     "sweeps": ("fedsweep.sweep", "fedsweep.stopping", "fedsweep.optuna_search", "fedsweep.table", "fedsweep.report",
                "fedsweep.checkpoint"),
     "drivers": ("fedsweep.experiment",),

@@ -121,10 +121,12 @@ def test_a_two_method_benchmark_tunes_equally_selects_on_validation_and_merges(r
     # a finished benchmark resumed runs nothing more; run again without --resume, it is refused
     from mlflow import MlflowClient
 
-    before = len(MlflowClient(tracking_uri).search_runs([MlflowClient(tracking_uri).get_experiment_by_name("bench-test").experiment_id]))
+    before = MlflowClient(tracking_uri).search_runs([MlflowClient(tracking_uri).get_experiment_by_name("bench-test").experiment_id])
     assert main(["bench", a, "--output", str(out), "--quiet", "--resume"]) == 0
-    after = len(MlflowClient(tracking_uri).search_runs([MlflowClient(tracking_uri).get_experiment_by_name("bench-test").experiment_id]))
-    assert after == before
+    after = MlflowClient(tracking_uri).search_runs([MlflowClient(tracking_uri).get_experiment_by_name("bench-test").experiment_id])
+    assert len(after) == len(before)
+    # each benchmark's own MLflow run ended with its command (not left RUNNING), as a sweep's parent run does
+    assert {r.info.status for r in after if r.data.tags.get("fedsweep.bench") == "true"} == {"FINISHED"}
     assert main(["bench", a, "--output", str(out), "--quiet"]) == 2
     # --methods runs one method, and the tables still hold every method of the file that has its final runs
     capsys.readouterr()
@@ -245,7 +247,8 @@ def test_a_two_method_benchmark_tunes_equally_selects_on_validation_and_merges(r
 def test_a_change_of_seeds_reruns_the_phases_it_touches_and_a_table_leaves_out_and_names_runs_of_other_seeds(files, capsys):
     """bench_state.json records each method's seeds: tuning seeds changed, it is tuned again; final seeds changed, its
     final runs run again (the choice stays). Each reason a method is not in a table is written under it."""
-    from fedsweep.bench_run import _absent_note, _check_seeds, tabled
+    from fedsweep.bench_folder import absent_note
+    from fedsweep.bench_run import _check_seeds, tabled
 
     folder, a, _ = files
     bench = load_bench(a, check_cluster=False)
@@ -265,18 +268,18 @@ def test_a_change_of_seeds_reruns_the_phases_it_touches_and_a_table_leaves_out_a
     assert "local: the final seeds are [1, 2] now, [1, 2, 3]" in err and "local: the tuning seeds are [0] now, [5]" in err
 
     methods = {"fedavg": {"settings": settings["fedavg"], "chosen": {"3": "x", "1": None}, "final_run": "f"}}
-    note = _absent_note(bench, methods, set(), 1)
+    note = absent_note(bench, methods, set(), 1)
     assert "fedavg: none of its first 1 settings finished on every tuning seed." in note
     assert "local: not tuned yet, or its tuning did not finish" in note
     methods["local"] = {"settings": settings["local"], "chosen": {"3": "y", "1": "y"}}
-    assert "local: its final runs did not all finish" in _absent_note(bench, methods, set(), 3)
-    assert "fedavg: a final run of its chosen setting did not finish" in _absent_note(bench, methods, set(), 3)
-    assert _absent_note(bench, methods, {"fedavg", "local"}, 3) == ""
+    assert "local: its final runs did not all finish" in absent_note(bench, methods, set(), 3)
+    assert "fedavg: a final run of its chosen setting did not finish" in absent_note(bench, methods, set(), 3)
+    assert absent_note(bench, methods, {"fedavg", "local"}, 3) == ""
     # a --methods run checks only its own methods' seeds: another method's runs on other seeds stay out of its tables
     methods["local"].update(final_run="f", seeds={"tuning": [0], "final": [1, 2, 3]})
     methods["fedavg"]["seeds"] = seeds
     assert list(tabled(bench, methods)) == ["fedavg"]
-    assert "local: its seeds changed since its runs; --resume runs it again." in _absent_note(bench, methods, {"fedavg"}, 3)
+    assert "local: its seeds changed since its runs; --resume runs it again." in absent_note(bench, methods, {"fedavg"}, 3)
     methods["local"]["seeds"] = seeds
     assert list(tabled(bench, methods)) == ["fedavg", "local"]
 

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from fedsweep.bench import BENCH_METRICS, bench_table, choose, compact_markdown, load_bench, read_state
-from fedsweep.bench_run import _code_note, _codes, saved_runs
+from fedsweep.bench_folder import code_note, row_codes, saved_runs
 from fedsweep.table import read_runs
 from fedsweep.tracking import names_kernels
 
@@ -60,8 +60,8 @@ def test_each_cells_tables_are_computed_from_its_saved_final_runs(folder):
     assert compact_markdown(tables, metric) + "\n" == (folder / "compact.md").read_text()
     # each table names the code of its runs (commits differ where a phase resumed after one, or a method ran again)
     for budget, table in tables.items():
-        codes = _codes(folder, done, read_runs(str(folder / f"final_runs_b{budget}.csv"))[0], [budget])[budget]
-        note = _code_note({k: codes[k] for k in table["algorithm"]})
+        codes = row_codes(folder, done, read_runs(str(folder / f"final_runs_b{budget}.csv"))[0], [budget])[budget]
+        note = code_note({k: codes[k] for k in table["algorithm"]})
         assert (folder / f"table_b{budget}.md").read_text().endswith(note), budget
 
 
@@ -130,14 +130,15 @@ DECLARING = [f for f in sorted((ROOT / "sweeps" / "benchmark").glob("*.yaml"))
 
 def test_the_embedded_cell_and_the_mlp_cells_run_again_declare_make_demos_kernels():
     """The embedded Synthetic cell and the four MNIST-family MLP cells were run again with ``make demo``'s kernels
-    (2026-12-05 and 06), and the MNIST Dirichlet CNN cell (2026-12-06), so that they repeat on any x86-64 CPU: their
+    (2026-12-05 and 06), and the two MNIST CNN cells (2026-12-06 and 07), so that they repeat on any x86-64 CPU: their
     files declare them (a CNN cell with its convolutions without oneDNN beside them: docs/reproduction.md,
     "Convolutions without oneDNN"), and each
     place that gives the Synthetic cell's command gives it as it is typed (no variables before it)."""
     from benchmarks.demo import make_demo_settings
 
     assert {f.name for f in DECLARING} >= {"synthetic.yaml", "mnist_dirichlet.yaml", "mnist_pathological.yaml",
-                                          "fmnist_dirichlet.yaml", "fmnist_pathological.yaml", "mnist_dirichlet_cnn.yaml"}
+                                          "fmnist_dirichlet.yaml", "fmnist_pathological.yaml", "mnist_dirichlet_cnn.yaml",
+                                          "mnist_pathological_cnn.yaml"}
     for f in DECLARING:
         bench = load_bench(f, check_cluster=False)
         cnn = bench.first.trials[0].config.model.name == "cnn"

@@ -323,6 +323,7 @@ def test_a_benchmark_stopped_mid_tuning_records_its_finished_methods_and_resumes
     assert state["in_flight"] == {"tuning": {"methods": ["fedavg", "local"], "sweep_run": fedavg["tune_run"]}}
     assert "chosen" not in state["methods"]["local"]
     assert fedavg["tried"] == 2 and (folder / "runs" / f"{fedavg['tune_run']}.csv").exists()
+    assert c.get_run(state["run_id"]).info.status == "KILLED"  # the benchmark's run ends with its command
     fedavg_runs = {x.info.run_id for x in trials() if x.data.tags["fedsweep.algorithm"] == "fedavg"}
     assert len(fedavg_runs) == 2
     monkeypatch.chdir(tmp_path)
@@ -343,6 +344,7 @@ def test_a_benchmark_stopped_mid_tuning_records_its_finished_methods_and_resumes
     state = json.loads((folder / "bench_state.json").read_text())
     assert state["methods"]["fedavg"]["tune_run"] == fedavg["tune_run"] == state["methods"]["local"]["tune_run"]
     assert state["methods"]["fedavg"]["chosen"] == fedavg["chosen"] and "in_flight" not in state
+    assert c.get_run(state["run_id"]).info.status == "FINISHED"  # set RUNNING again by --resume, then ended
     tuning = [x for x in trials() if x.data.tags.get("mlflow.parentRunId") == fedavg["tune_run"]]
     assert {x.info.run_id for x in tuning if x.data.tags["fedsweep.algorithm"] == "fedavg"} == fedavg_runs  # not rerun
     assert sorted(x.info.status for x in tuning) == ["FINISHED"] * 4  # the stopped trial run again (its first attempt deleted)

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from fedsweep.bench_run import _code_note, _codes
+from fedsweep.bench_folder import code_note, row_codes
 from fedsweep.cli import main
 from fedsweep.table import best_settings, ci95, load_runs, read_runs, save_runs, to_markdown
 from fedsweep.tracking import TAG_PREFIX, client, ensure_experiment
@@ -267,15 +267,15 @@ def test_a_tables_code_line_names_each_commit_with_the_methods_it_ran():
     """A method run again alone at a later commit, or a phase resumed after one, is named with its commits; the
     largest group of more than six is counted, not listed."""
     many = {f"m{i}": {"aaa"} for i in range(7)}
-    assert _code_note(many) == "\nCode: every run at aaa (the runs' `code` tag).\n"
-    assert _code_note({**many, "fedamp": {"bbb"}, "x": {"aaa", "bbb"}}) == (
+    assert code_note(many) == "\nCode: every run at aaa (the runs' `code` tag).\n"
+    assert code_note({**many, "fedamp": {"bbb"}, "x": {"aaa", "bbb"}}) == (
         "\nCode (the runs' `code` tag; tuning and final runs): bbb: fedamp; aaa and bbb: x; aaa: the 7 other methods.\n")
-    assert _code_note({"a": {"aaa"}, "b": {"bbb"}, "c": set()}) == (
+    assert code_note({"a": {"aaa"}, "b": {"bbb"}, "c": set()}) == (
         "\nCode (the runs' `code` tag; tuning and final runs): aaa: a; bbb: b; no runs saved: c.\n")
     # one group with runs of unknown code is not "every run at" its commit
-    assert _code_note({"a": {"aaa", "tuning runs not saved"}, "b": {"aaa", "tuning runs not saved"}}) == (
+    assert code_note({"a": {"aaa", "tuning runs not saved"}, "b": {"aaa", "tuning runs not saved"}}) == (
         "\nCode (the runs' `code` tag; tuning and final runs): aaa and tuning runs not saved, every method.\n")
-    assert _code_note({"a": {"aaa", "no `code` tag"}}) == (
+    assert code_note({"a": {"aaa", "no `code` tag"}}) == (
         "\nCode (the runs' `code` tag; tuning and final runs): aaa and no `code` tag, every method.\n")
 
 
@@ -293,6 +293,6 @@ def test_a_tables_code_line_counts_the_runs_behind_its_budget_only(tmp_path):
     done = {"m": {"tune_run": "tune", "settings": ["s1", "s2", "s3"], "chosen": {"2": "s1", "3": "s3"}},
             "t": {"tune_run": "tune", "settings": ["t1"], "chosen": {"2": "t1", "3": "t1"}},
             "u": {"tune_run": "gone", "settings": ["u1"], "chosen": {"2": "u1", "3": None}}}
-    assert _codes(tmp_path, done, final, [2, 3])[2] == {"m": {"aaa", "bbb"}, "t": {"no `code` tag"}, "u": {"tuning runs not saved"}}
-    assert _codes(tmp_path, done, final, [2, 3])[3] == {"m": {"aaa", "ccc", "ddd"}, "t": {"no `code` tag"}}
-    assert _code_note({"t": {"no `code` tag"}}) == "\nCode: not recorded (no run has a `code` tag).\n"
+    assert row_codes(tmp_path, done, final, [2, 3])[2] == {"m": {"aaa", "bbb"}, "t": {"no `code` tag"}, "u": {"tuning runs not saved"}}
+    assert row_codes(tmp_path, done, final, [2, 3])[3] == {"m": {"aaa", "ccc", "ddd"}, "t": {"no `code` tag"}}
+    assert code_note({"t": {"no `code` tag"}}) == "\nCode: not recorded (no run has a `code` tag).\n"
