@@ -324,8 +324,10 @@ def test_a_sweep_stopped_before_its_end_stops_the_whole_benchmark(tracking_uri, 
     assert main(["bench", a, b, "--output", str(out), "--quiet"]) == 130
     err = capsys.readouterr().err
     assert "[bench skew] the tuning sweep stopped with 6 of 6 runs missing" in err and "1 file(s) after it not started" in err
-    assert "chosen" not in json.dumps(json.loads((out / "skew" / "bench_state.json").read_text()))
+    state = json.loads((out / "skew" / "bench_state.json").read_text())
+    assert "chosen" not in json.dumps(state)
     assert not (out / "dirichlet").exists()
+    assert client(tracking_uri).get_run(state["run_id"]).info.status == "KILLED"  # the benchmark's run ends with it
 
 
 def test_a_benchmark_file_that_would_give_unequal_budgets_is_refused_before_anything_runs(tmp_path):
