@@ -26,7 +26,7 @@ from pathlib import Path
 import pandas as pd
 
 from fedsweep.bench import read_state
-from fedsweep.bench_folder import saved_runs
+from fedsweep.bench_folder import method_runs
 from fedsweep.table import read_runs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,23 +65,6 @@ def compare(new: Path, old: Path, budget: int) -> dict:
         "spearman": float(means[new].corr(means[old], method="spearman")),
         "top5": {name: list(means[f].sort_values(ascending=False, kind="stable").index[:5]) for name, f in (("new", new), ("old", old))},
     }
-
-
-def method_runs(folder: Path, methods: dict, phase: str) -> dict[str, pd.DataFrame]:
-    """Each method's runs of one recorded phase (``tune_run``: its own settings; ``final_run``: its chosen ones), from
-    the phase's saved copy in ``runs/``, each copy read once though many methods' runs are in it; a method whose
-    phase is not recorded, or not saved, is left out."""
-    copies: dict[str, pd.DataFrame | None] = {}
-    out = {}
-    for key, entry in methods.items():
-        if not (run_id := entry.get(phase)):
-            continue
-        if run_id not in copies:
-            copies[run_id] = saved_runs(folder, run_id)
-        if (runs := copies[run_id]) is not None:
-            chosen = [s for s in entry.get("chosen", {}).values() if s is not None]
-            out[key] = runs[runs["setting"].isin(entry.get("settings", []) if phase == "tune_run" else chosen)]
-    return out
 
 
 def recorded_runs(folder: Path) -> pd.DataFrame:

@@ -25,7 +25,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.cell_diff import method_runs
+from fedsweep.bench_folder import method_runs
 from fedsweep.table import read_runs
 
 M = "personalized_accuracy_mean"

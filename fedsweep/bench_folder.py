@@ -35,6 +35,23 @@ def saved_runs(folder: Path, run_id: str, settings: list[str] | None = None) -> 
     return runs if settings is None else runs[runs["setting"].isin(settings)]
 
 
+def method_runs(folder: Path, methods: dict, phase: str) -> dict[str, pd.DataFrame]:
+    """Each method's runs of one recorded phase (``tune_run``: its own settings; ``final_run``: its chosen ones), from
+    the phase's saved copy in ``runs/``, each copy read once though many methods' runs are in it; a method whose
+    phase is not recorded, or not saved, is left out."""
+    copies: dict[str, pd.DataFrame | None] = {}
+    out = {}
+    for key, entry in methods.items():
+        if not (run_id := entry.get(phase)):
+            continue
+        if run_id not in copies:
+            copies[run_id] = saved_runs(folder, run_id)
+        if (runs := copies[run_id]) is not None:
+            chosen = [s for s in entry.get("chosen", {}).values() if s is not None]
+            out[key] = runs[runs["setting"].isin(entry.get("settings", []) if phase == "tune_run" else chosen)]
+    return out
+
+
 def bench_seeds(bench: Bench) -> dict[str, list[int]]:
     """The file's tuning and final seeds, as ``bench_state.json`` records them for each method's runs."""
     return {"tuning": sorted(bench.sweep_section["seeds"]), "final": sorted(bench.settings.final_seeds)}
@@ -45,18 +62,14 @@ _CODES = "\nCode (the runs' `code` tag; tuning and final runs): "
 
 
 def row_codes(folder: Path, done: dict[str, dict[str, Any]], final: pd.DataFrame,
-           budgets: list[int]) -> dict[int, dict[str, set[str]]]:
+              budgets: list[int]) -> dict[int, dict[str, set[str]]]:
     """For each budget, the commits (runs' ``code``) of the runs behind each method's row: its first ``budget``
     tuning settings' runs (from the phase's saved copy) and its choice's final runs. A phase resumed after a
     commit, or a method run again alone, mixes them; the table says so."""
-    tuning: dict[str, pd.DataFrame | None] = {}
-    for run in {entry["tune_run"] for entry in done.values()}:
-        tuning[run] = saved_runs(folder, run)
+    tuning = method_runs(folder, done, "tune_run")
     codes: dict[int, dict[str, set[str]]] = {budget: {} for budget in budgets}
     for key, entry in done.items():
-        runs = tuning[entry["tune_run"]]
-        if runs is not None:
-            runs = runs.loc[runs["setting"].isin(entry["settings"])]
+        runs = tuning.get(key)
         for budget in budgets:
             if (chosen := entry["chosen"].get(str(budget))) is None:
                 continue
