@@ -1,5 +1,5 @@
-"""benchmarks/cell_facts.py on a published cell: the numbers docs/benchmark.md's MNIST Dirichlet small-CNN section
-states in words are what the tool computes from the cell's folder (and its MLP cell's)."""
+"""benchmarks/cell_facts.py on the published cells: the numbers docs/benchmark.md's MNIST small-CNN sections state in
+words are what the tool computes from the cell's folder (and its MLP cell's)."""
 
 from __future__ import annotations
 
@@ -41,6 +41,38 @@ def test_the_mnist_dirichlet_cnn_sections_statements_are_the_folders_numbers():
     # "Ditto's choice (β = 0.4439, α = 0.07084, λ = 0.8941; 96.47% on validation, the next 93.87%)"
     assert [v for _, v in f["best_on_validation"]["ditto"]] == [96.47, 93.87]
     assert f["tuning_runs"] == 608
+
+
+def test_the_mnist_pathological_cnn_sections_statements_are_the_folders_numbers():
+    f = facts(B / "bench-mnist-pathological-cnn", B / "bench-mnist-pathological")
+    assert (f["methods"], f["rows"], f["budgets"], f["tuning_runs"]) == (38, 36, [16, 4], 608)
+    # "PFLDyn (Proto) 99.53 ± 0.10 (99.58%, 99.53%, 99.49%; β = 0.1567, λ = 0.06691 [...]), then P-Avg 99.34 ± 0.28
+    # [...], FedRep 99.18 ± 0.12, FedPAC 99.13 ± 0.25 [...] and Local 99.08 ± 0.07 (the narrowest CI of the cell)"
+    assert f["top"][0] == ("pfldyn_proto", 99.53, 0.1, "β=0.1567, λ=0.06691", [99.58, 99.53, 99.49])
+    assert [t[0] for t in f["top"][:5]] == ["pfldyn_proto", "pavg", "fedrep", "fedpac", "local"]
+    assert f["top"][3][1:3] == (99.13, 0.25) and f["narrowest"] == ("local", 0.07)
+    # "11 CIs overlap PFLDyn (Proto)'s [...] while LG-FedAvg, FedAvg-FT, pFedHN, FedNova, PFLDyn (MAML), FedDyn, IFCA,
+    # FedEM, FedAvg, FedBN, MOON and SCAFFOLD lie entirely below all of the top five"
+    assert len(f["overlap_first"]) == 11
+    assert f["below_top5"] == ["lgfedavg", "fedavg_ft", "pfedhn", "fednova", "pfldyn_maml", "feddyn", "ifca", "fedem",
+                               "fedavg", "fedbn", "moon", "scaffold"]
+    # "Local (99.08 ± 0.07) ranks fifth [...] the CIs of 15 methods end below its lower end"
+    assert f["local"]["rank"] == 5 and len(f["local"]["ci_below"]) == 15
+    assert sorted(map(sorted, f["identical"])) == [["fedavg", "fedbn"], ["pavg_maml", "perfedavg_fo"]]
+    # "Per-FedAvg HF's choice [...] gave 57.61% and 96.67% and diverged on seed 2"; "PFLScaf (Proto)'s [...] diverged
+    # on seeds 1 and 2 (99.25% on seed 3)"
+    assert f["no_row"] == {"perfedavg_hf": [57.61, "diverged", 96.67], "pflscaf_proto": ["diverged", "diverged", 99.25]}
+    # "of the 36 methods with a row in both cells, the CNN's is lower for 13, the median difference +0.48 points, the
+    # orders Spearman ρ 0.869"; gains FedNova +5.11 [...], losses SCAFFOLD −72.01, PFLScaf (MAML) −31.18, FedAvgM −25.59
+    assert {k: f["mlp"][k] for k in ("rows", "lower", "median", "spearman")} == {"rows": 36, "lower": 13, "median": 0.48, "spearman": 0.869}
+    assert f["mlp"]["gains"][0] == ("fednova", 5.11)
+    assert f["mlp"]["losses"][:3] == [("scaffold", -72.01), ("pflscaf_maml", -31.18), ("fedavgm", -25.59)]
+    # "the ranks of the 36 methods with a row at both correlate with Spearman ρ 0.841; 6 of 38 chose the same setting"
+    small = f["small_budget"]
+    assert (small["rows"], small["spearman"], len(small["same_choice"])) == (36, 0.841, 6)
+    # "a final run of FedALA took 253 s on average, pFedMe 176 s"; "FedEM 2,400"; "SCAFFOLD [...] 73.02%"
+    assert f["final_run_s"][:2] == [("fedala", 253.0), ("pfedme", 176.0)]
+    assert f["transmissions"][0] == ("fedem", 2400.0) and f["best_on_validation"]["scaffold"][0][1] == 73.02
 
 
 def test_the_command_prints_every_fact(capsys):
