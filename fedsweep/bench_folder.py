@@ -27,12 +27,11 @@ def keep_runs(folder: Path, run_id: str, runs: pd.DataFrame) -> None:
     save_runs(runs, {}, str(saved_path(folder, run_id)))
 
 
-def saved_runs(folder: Path, run_id: str, settings: list[str] | None = None) -> pd.DataFrame | None:
-    """The runs :func:`keep_runs` saved of sweep ``run_id`` (those of ``settings`` when given); None when not saved."""
+def saved_runs(folder: Path, run_id: str) -> pd.DataFrame | None:
+    """The runs :func:`keep_runs` saved of sweep ``run_id``; None when not saved."""
     if not (path := saved_path(folder, run_id)).exists():
         return None
-    runs = read_runs(str(path))[0]
-    return runs if settings is None else runs[runs["setting"].isin(settings)]
+    return read_runs(str(path))[0]
 
 
 def method_runs(folder: Path, methods: dict, phase: str) -> dict[str, pd.DataFrame]:

@@ -76,7 +76,6 @@ def _phase(bench: Bench, sweep: Sweep, resume: bool, parent: str, verbose: int, 
     return out, runs, missing
 
 
-
 def _in_store(uri: str, run_id: str) -> bool:
     from mlflow.exceptions import MlflowException
 

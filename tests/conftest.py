@@ -62,7 +62,7 @@ def config_dict(**sections) -> dict:
 
 
 def sqlite_store(db: Path) -> str:
-    """The URI of a SQLite MLflow store at ``db``, its tables created in this process. A test that reads a store while a
+    """The URI of a SQLite MLflow store at ``db``, made and opened in this process. A test that reads a store while a
     driver it started writes it creates the store before starting the driver: two processes creating one fresh store
     at once race on its migrations (CI of stop 81: the driver exited with "table sql_trace_metric_daily_rollups
     already exists" as the test's first poll created the same tables). Made as fedsweep makes a new store (a copy of

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from fedsweep.bench import BENCH_METRICS, bench_table, choose, compact_markdown, load_bench, read_state
-from fedsweep.bench_folder import code_note, row_codes, saved_runs
+from fedsweep.bench_folder import code_note, method_runs, row_codes
 from fedsweep.table import read_runs
 from fedsweep.tracking import names_kernels
 
@@ -72,11 +72,11 @@ def test_each_recorded_choice_is_what_the_saved_tuning_runs_give_on_validation(f
     every test column removed: selection reads validation scores only, and the saved runs give the recorded choice.
     A method tuned before phases were saved (2026-11-26; its entry, as old, records no seeds either) has none, in a
     cell where a method added since was run alone (P-Avg (MAML) in the MNIST-family MLP cells)."""
-    state, checked, (metric, mode) = read_state(folder), 0, _ranking(folder)
-    for key, entry in state["methods"].items():
-        if "chosen" not in entry:
-            continue
-        if (runs := saved_runs(folder, entry["tune_run"], entry["settings"])) is None:
+    checked, (metric, mode) = 0, _ranking(folder)
+    methods = {k: e for k, e in read_state(folder)["methods"].items() if "chosen" in e}
+    tuning = method_runs(folder, methods, "tune_run")
+    for key, entry in methods.items():
+        if (runs := tuning.get(key)) is None:
             assert "seeds" not in entry, f"{key}: tuned since phases are saved, but its tuning runs are not in runs/"
             continue
         runs = runs.drop(columns=[c for c in runs.columns if re.match(r"(personalized|global|unseen)_|train_loss", c)])
