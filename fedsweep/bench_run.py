@@ -34,7 +34,7 @@ from fedsweep.bench_figures import ranking_figure, transmissions_figure
 from fedsweep.bench_folder import absent_note, bench_seeds, code_note, keep_runs, row_codes, saved_path
 from fedsweep.config import ConfigError, Sweep, resolve_tracking_uri
 from fedsweep.table import load_runs, read_runs, save_runs, to_markdown
-from fedsweep.tracking import PARENT_TAG, TAG_PREFIX, client, ensure_experiment, kernel_settings
+from fedsweep.tracking import PARENT_TAG, TAG_PREFIX, client, end_run, ensure_experiment, kernel_settings
 
 
 def _run(sweep: Sweep, resume: bool, parent: str, verbose: int) -> dict[str, Any]:
@@ -184,7 +184,7 @@ def run_bench(bench: Bench, output: str | Path, resume: bool = False, verbose: i
         status = "FAILED" if failed else "FINISHED"
         return folder, failed
     finally:
-        client(uri).set_terminated(state["run_id"], status)
+        end_run(uri, state["run_id"], status)
 
 
 def _run_phases(bench: Bench, folder: Path, state: dict[str, Any], uri: str, experiment: str, resume: bool,

@@ -28,6 +28,7 @@ from fedsweep.tracking import (
     TAG_PREFIX,
     RunLogger,
     client,
+    end_run,
     ensure_experiment,
     pyplot,
     trial_title,
@@ -456,6 +457,6 @@ def run_sweep(sweep: Sweep, verbose: int = 1, resume: bool = False, tags: dict[s
         status = "KILLED" if cut else "FINISHED" if errors == 0 else "FAILED"
         _log_report(uri, first, parent, settings)
     finally:
-        mlflow.set_terminated(parent, status)
+        end_run(uri, parent, status)
     return {"parent_run_id": parent, "results": results, "errors": errors, "interrupted": cut, "tracking_uri": uri,
             "experiment_id": experiment_id}

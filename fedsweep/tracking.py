@@ -12,6 +12,7 @@ import json
 import math
 import os
 import re
+import sys
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -137,6 +138,20 @@ def client(uri: str):
 
     seed_new_store(uri)  # a new SQLite store: a copy of an empty one, not MLflow's migrations run again
     return MlflowClient(tracking_uri=uri)
+
+
+def end_run(uri: str, run_id: str, status: str) -> None:
+    """Ends a command's own MLflow run (a sweep's parent, a benchmark's) with ``status``, from the command's
+    ``finally``. Where an error is already on its way out, a store that cannot take the status (gone, unreachable)
+    is said on stderr and the first error goes on: the user sees why the command stopped, not that its run could
+    not be ended."""
+    pending = sys.exc_info()[1]
+    try:
+        client(uri).set_terminated(run_id, status)
+    except Exception as error:
+        if pending is None:
+            raise
+        print(f"[fedsweep] MLflow run {run_id} not ended ({status}): {type(error).__name__}: {error}", file=sys.stderr)
 
 
 def set_shared_tag(mlflow, run_id: str, key: str, value: str) -> None:

@@ -305,3 +305,25 @@ def test_the_code_tag_is_read_when_the_module_is_imported():
     probe = "import fedsweep.tracking as t; print(t.code_version.cache_info().currsize, t.code_version())"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT).stdout.split()
     assert out[0] == "1" and out[1]
+
+
+def test_a_command_whose_run_cannot_be_ended_still_shows_the_error_that_stopped_it(tmp_path, capsys):
+    """``end_run`` from a command's ``finally``: the run ends with its status; where the store cannot take it (here a
+    store without the run, as one gone or unreachable would be) the error already on its way out goes on, the store's
+    said on stderr; with no error on its way out, the store's error is the command's."""
+    from mlflow.exceptions import MlflowException
+
+    from fedsweep.tracking import client, end_run, ensure_experiment
+
+    uri, elsewhere = (f"sqlite:///{tmp_path / name}" for name in ("mlflow.db", "other.db"))
+    run_id = client(uri).create_run(ensure_experiment(uri, "ending")).info.run_id
+    end_run(uri, run_id, "KILLED")
+    assert client(uri).get_run(run_id).info.status == "KILLED"
+    with pytest.raises(ValueError, match="the command's own error"):
+        try:
+            raise ValueError("the command's own error")
+        finally:
+            end_run(elsewhere, run_id, "KILLED")
+    assert f"MLflow run {run_id} not ended (KILLED): MlflowException" in capsys.readouterr().err
+    with pytest.raises(MlflowException):
+        end_run(elsewhere, run_id, "FINISHED")
