@@ -118,11 +118,11 @@ def stacked(cfg):
 #: in this order, heaviest first, so that no long file starts last while the others idle (xdist's own order, most
 #: tests first, put the few-test Ray files last: 868 s measured, 819 s simulated heaviest first). A file not listed
 #: goes after, in collection order.
-FILE_SECONDS = {"test_resume.py": 295, "test_actors.py": 188, "test_cluster.py": 173, "test_bench.py": 151,
+FILE_SECONDS = {"test_resume.py": 295, "test_actors.py": 188, "test_cluster.py": 173, "test_bench.py": 160,
                 "test_tracking_outage.py": 129, "test_sweep.py": 122, "test_conformance.py": 106, "test_faults.py": 105,
                 "test_bench_kernels.py": 101, "test_worker_pool.py": 83, "test_published_results.py": 74,
                 "test_tuning.py": 73, "test_job_submit.py": 72, "test_cli.py": 60, "test_benchmarks.py": 51,
-                "test_mlflow_ui.py": 44, "test_tracking_process.py": 38, "test_device_bench.py": 26,
+                "test_mlflow_ui.py": 44, "test_tracking_process.py": 38, "test_device_bench.py": 5,
                 "test_algorithms.py": 24, "test_report.py": 20, "test_table.py": 20, "test_metric_writer.py": 17,
                 "test_tracking.py": 15, "test_device_runs.py": 10, "test_junk_input.py": 10}
 

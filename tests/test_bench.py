@@ -107,8 +107,8 @@ def test_a_two_method_benchmark_tunes_equally_selects_on_validation_and_merges(r
     assert not (folder / "one.png").exists()
 
     # the same cell's phases run where Ray and MLflow are missing (benchmarks/device_bench.py, for a lent GPU machine),
-    # then recorded here: the same choices and, bit for bit, the same tables (tests/test_device_bench.py: the route)
-    from tests.test_device_bench import device_cell, table_numbers
+    # then recorded here: the same choices and, bit for bit, the same tables; and how it records (check_recorded_cell)
+    from tests.test_device_bench import check_recorded_cell, device_cell, table_numbers
 
     device = device_cell(a, folder / "there", folder / "device")
     ray = json.loads((out / "skew" / "bench_state.json").read_text())["methods"]
@@ -117,6 +117,7 @@ def test_a_two_method_benchmark_tunes_equally_selects_on_validation_and_merges(r
     for budget in (3, 1):
         pd.testing.assert_frame_equal(table_numbers(folder / "device" / "skew" / f"table_b{budget}.csv"),
                                       table_numbers(out / "skew" / f"table_b{budget}.csv"))
+    check_recorded_cell(a, folder, device)
 
     # a finished benchmark resumed runs nothing more; run again without --resume, it is refused
     from mlflow import MlflowClient

@@ -99,6 +99,7 @@ def _cnn_steps(**env: str) -> tuple[int, str, str]:
     return sum(",exec," in line for line in out), value("SUM"), value("PLATFORM")
 
 
+@pytest.mark.slow  # four Python processes, each building a CNN: outside `make test-fast`
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this PyTorch has no oneDNN to leave out")
 def test_fedsweep_conv_native_computes_convolutions_without_onednn():
     """``FEDSWEEP_CONV=native`` (a ``bench.kernels`` variable, applied where a CNN is built): the CNN's convolutions

@@ -1,6 +1,7 @@
 """A benchmark cell's phases run where Ray and MLflow are missing (benchmarks/device_bench.py, for a lent GPU machine)
 and recorded here as `fedsweep bench` records its phases; a method whose phase did not end there is left for a later
-run. That the tables are `fedsweep bench`'s on Ray, bit for bit: tests/test_bench.py, which runs that bench."""
+run. The cell run there and recorded here is tests/test_bench.py's (its benchmark test computes the cell once on Ray,
+once here without, and compares the tables bit for bit, then :func:`check_recorded_cell`); here, a time box."""
 
 from __future__ import annotations
 
@@ -43,38 +44,34 @@ def table_numbers(path: Path) -> pd.DataFrame:
     return table[[c for c in table.columns if "wall" not in c]]
 
 
-def test_a_cell_run_without_ray_and_mlflow_is_recorded_as_fedsweep_bench_records_it(tracking_uri, tmp_path):
-    from tests.test_bench import METHODS, bench_file
-
-    (tmp_path / "methods.yaml").write_text(yaml.safe_dump(METHODS))
-    file = bench_file(tmp_path, "skew", {"name": "label_skew", "classes_per_client": 4})
-    methods = device_cell(file, tmp_path / "there", tmp_path / "device")
-    for key in ("fedavg", "local"):  # 3 settings tuned on seed 0; the chosen ones (one or two) on seeds 1 and 2
-        assert len(list((tmp_path / "there" / key / "tune").glob("trial_*.jsonl"))) == 3
-        chosen = json.loads((tmp_path / "there" / key / "chosen.json").read_text())
-        assert len(list((tmp_path / "there" / key / "final").glob("trial_*.jsonl"))) == 2 * len(set(chosen.values()))
-        # chosen there from the trial files as here from the MLflow runs; both phases recorded
+def check_recorded_cell(file: str, folder: Path, methods: dict) -> None:
+    """What :func:`device_cell` ran there (into ``folder / "there"``) and recorded (into ``folder / "device"``):
+    3 settings tuned on seed 0 and the chosen ones (one or two) on seeds 1 and 2, chosen there from the trial files as
+    here from the MLflow runs; a run there again with the folder beside it runs nothing; logged again, nothing more is
+    recorded; a folder where a tuning trial of local's is missing records fedavg alone, local left for a later run.
+    Called by tests/test_bench.py's benchmark test, on the cell its Ray run computed (one cell computed, not two)."""
+    for key in ("fedavg", "local"):
+        assert len(list((folder / "there" / key / "tune").glob("trial_*.jsonl"))) == 3
+        chosen = json.loads((folder / "there" / key / "chosen.json").read_text())
+        assert len(list((folder / "there" / key / "final").glob("trial_*.jsonl"))) == 2 * len(set(chosen.values()))
         assert methods[key]["chosen"] == chosen and methods[key]["tried"] == 3 and {"tune_run", "final_run"} <= set(methods[key])
-    folder = tmp_path / "device" / "skew"
-    assert sorted(pd.read_csv(folder / "table_b3.csv")["algorithm"]) == ["fedavg", "local"]
-    runs = pd.read_csv(folder / "final_runs_b3.csv")
+    cell = folder / "device" / "skew"
+    assert sorted(pd.read_csv(cell / "table_b3.csv")["algorithm"]) == ["fedavg", "local"]
+    runs = pd.read_csv(cell / "final_runs_b3.csv")
     assert set(runs["code"]) == {"abc123"} and runs["platform"].str.startswith("torch ").all()
-    assert (folder / "runs" / f"{methods['fedavg']['tune_run']}.csv").exists()  # the phases travel with the folder
+    assert (cell / "runs" / f"{methods['fedavg']['tune_run']}.csv").exists()  # the phases travel with the folder
 
-    # run again there with the folder beside it (the repository's copy carries it), nothing runs
-    printed = there(file, tmp_path / "again", "--output", str(tmp_path / "device"))
-    assert "tuned already in" in printed and "fedavg, local; not run" in printed and not (tmp_path / "again").exists()
+    printed = there(file, folder / "again", "--output", str(folder / "device"))
+    assert "tuned already in" in printed and "fedavg, local; not run" in printed and not (folder / "again").exists()
 
-    # logged again, nothing more is recorded; a fresh folder from files where a tuning trial of local's is missing
-    # records fedavg alone, and local stays for a later run
-    device_bench.main(["log", file, str(tmp_path / "there"), "--output", str(tmp_path / "device")])
-    assert json.loads((folder / "bench_state.json").read_text())["methods"] == methods
-    shutil.copytree(tmp_path / "there", tmp_path / "partial")
-    (tmp_path / "partial" / "local" / "tune" / "trial_0001.jsonl").unlink()
-    device_bench.main(["log", file, str(tmp_path / "partial"), "--output", str(tmp_path / "part")])
-    state = json.loads((tmp_path / "part" / "skew" / "bench_state.json").read_text())["methods"]
+    device_bench.main(["log", file, str(folder / "there"), "--output", str(folder / "device")])
+    assert json.loads((cell / "bench_state.json").read_text())["methods"] == methods
+    shutil.copytree(folder / "there", folder / "partial")
+    (folder / "partial" / "local" / "tune" / "trial_0001.jsonl").unlink()
+    device_bench.main(["log", file, str(folder / "partial"), "--output", str(folder / "part")])
+    state = json.loads((folder / "part" / "skew" / "bench_state.json").read_text())["methods"]
     assert "final_run" in state["fedavg"] and not {"chosen", "tune_run", "final_run"} & set(state["local"])
-    assert sorted(pd.read_csv(tmp_path / "part" / "skew" / "table_b3.csv")["algorithm"]) == ["fedavg"]
+    assert sorted(pd.read_csv(folder / "part" / "skew" / "table_b3.csv")["algorithm"]) == ["fedavg"]
 
 
 def test_no_trial_starts_with_less_time_left_than_a_trial_takes(tmp_path):
