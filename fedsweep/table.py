@@ -187,7 +187,7 @@ def best_settings(runs: pd.DataFrame, metric: str, mode: str = "max", group_by: 
     rows, incomplete, unranked = [], {}, []
     keys = ["algorithm"] + [f"param:{p}" for p in group_by]
     # only the columns read below: a benchmark's runs have ~170 (a parameter or metric each), which every subset of
-    # rows would copy (a merge of eleven cells took 4 s, most of it copying)
+    # rows would copy (a merge of eleven cells took 4-5 s, most of it copying; 2-3 s since)
     used = dict.fromkeys([*keys, "setting", "seed", "trial", "outcome", "setting_label", ranked, metric, *reported, *TARGET_COLUMNS])
     runs = runs[[c for c in used if c in runs.columns]]
     # a (setting, seed) run by several sweeps of an experiment (read without --sweep-run) counts once, its latest run:
