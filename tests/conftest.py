@@ -88,14 +88,27 @@ def assert_running(proc, deadline: float, what: str) -> None:
     assert time.time() < deadline, f"the sweep stalled before {what}"
 
 
+_REFERENCES: dict[str, dict] = {}
+
+
+def run_local_last(cfg) -> dict:
+    """The last evaluation of ``run_local(cfg)``, computed once per config in a test process: where the runs are
+    tracked (``tracking.tracking_uri``) is no part of their numbers, so tests that run the same trials into their own
+    stores (test_resume's folder and s3 cases) share it. The rest of ``tracking`` counts (``log_train_loss``)."""
+    from fedsweep.engine import run_local
+
+    key = cfg.model_dump_json(exclude={"tracking": {"tracking_uri"}})
+    if key not in _REFERENCES:
+        _REFERENCES[key] = run_local(cfg)[0][-1]
+    return _REFERENCES[key]
+
+
 def assert_runs_equal_run_local(trials, runs, keys=("personalized_accuracy_mean", "global_accuracy", "local_train_loss"),
                                 rel: float = 1e-12, absolute: float = 0.0) -> None:
     """Every MLflow run's final ``keys`` equal those of its trial's config run in one process (``run_local``), the
     trial found by the run's ``fedsweep.trial_index`` tag in ``trials``."""
-    from fedsweep.engine import run_local
-
     for run in runs:
-        reference = run_local(trials[int(run.data.tags["fedsweep.trial_index"])].config)[0][-1]
+        reference = run_local_last(trials[int(run.data.tags["fedsweep.trial_index"])].config)
         for key in keys:
             assert run.data.metrics[key] == pytest.approx(reference[key], rel=rel, abs=absolute), (run.info.run_name, key)
 

@@ -16,9 +16,8 @@ import pytest
 import yaml
 
 from fedsweep.cli import main
-from fedsweep.engine import run_local
 from fedsweep.loading import load_sweep
-from tests.conftest import assert_running, config_dict, sqlite_store
+from tests.conftest import assert_running, assert_runs_equal_run_local, config_dict, sqlite_store
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -66,18 +65,6 @@ def ctrl_c_when(driver: subprocess.Popen, ready, timeout_s: float = 300) -> str:
     finally:
         if driver.poll() is None:
             kill_session(driver)
-
-
-_REFERENCES: dict[str, dict] = {}
-
-
-def reference(cfg) -> dict:
-    """The last evaluation of an uninterrupted :func:`run_local` of ``cfg``, computed once per config in this module:
-    the folder and s3 cases resume the same four trials, and where the runs are tracked is no part of their numbers."""
-    key = cfg.model_dump_json(exclude={"tracking"})
-    if key not in _REFERENCES:
-        _REFERENCES[key] = run_local(cfg)[0][-1]
-    return _REFERENCES[key]
 
 
 def _alive_in_session(p: psutil.Process, session_id: int) -> bool:
@@ -218,11 +205,8 @@ def test_killed_sweep_resumes_without_rerunning_or_duplicating(tmp_path, storage
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
 
     # every trial's final numbers equal an uninterrupted run of the same config (same seeds)
-    sweep = load_sweep(path)
-    for x in after:
-        uninterrupted = reference(sweep.trials[int(x.data.tags["fedsweep.trial_index"])].config)
-        for key in ("personalized_accuracy_mean", "global_accuracy", "global_loss"):
-            assert x.data.metrics[key] == pytest.approx(uninterrupted[key], rel=1e-9, abs=1e-12), key
+    assert_runs_equal_run_local(load_sweep(path).trials, after, ("personalized_accuracy_mean", "global_accuracy", "global_loss"),
+                                rel=1e-9, absolute=1e-12)
     assert "| fedavg | local_lr=" in r.stdout and "| 2 | 2 |" in r.stdout  # both settings × 2 seeds in the table
 
 
@@ -280,11 +264,10 @@ def test_a_sweep_stopped_with_ctrl_c_reruns_its_stopped_trials_on_resume(tmp_pat
     after = children(uri)
     assert len(after) == 2 and all(x.info.status == "FINISHED" and x.data.tags["fedsweep.outcome"] == "finished" for x in after)
     assert stopped[0].info.run_id not in {x.info.run_id for x in after}
-    sweep = load_sweep(path)
     for x in after:
         assert [m.step for m in c.get_metric_history(x.info.run_id, "uploads")] == list(range(7))
-        uninterrupted = reference(sweep.trials[int(x.data.tags["fedsweep.trial_index"])].config)
-        assert x.data.metrics["personalized_accuracy_mean"] == pytest.approx(uninterrupted["personalized_accuracy_mean"], rel=1e-9)
+    # abs=1e-12: pytest.approx's default, which this check had before
+    assert_runs_equal_run_local(load_sweep(path).trials, after, ("personalized_accuracy_mean",), rel=1e-9, absolute=1e-12)
 
 
 def test_a_benchmark_stopped_mid_tuning_records_its_finished_methods_and_resumes_where_tune_stopped(tmp_path, monkeypatch):
