@@ -1,10 +1,12 @@
-"""CPU of Ray's log monitor on an idle local instance holding a suite's worth of worker logs, with Ray's default
-and with ``RAY_LOG_MONITOR_MANY_FILES_THRESHOLD=0`` (what ``tests/conftest.py`` sets), side by side in one run.
+"""CPU of an idle local Ray instance holding a suite's worth of worker logs: with Ray's log monitor at Ray's default,
+with ``RAY_LOG_MONITOR_MANY_FILES_THRESHOLD=0`` (what ``tests/conftest.py`` sets), and without a log monitor (what
+``fedsweep.experiment.start_local_ray`` starts when ``log_to_driver=False``, as the tests' session does), side by side
+in one run.
 
     python benchmarks/ray_log_monitor.py [--seconds 60] [--actors 120]
 
-Each variant is a fresh process: ``ray.init(num_cpus=2, log_to_driver=False)`` as the tests' session does, ``--actors``
-actors started and killed (each leaves its worker's log files), then the log monitor's CPU over ``--seconds`` idle.
+Each variant is a fresh process: ``start_local_ray(num_cpus=2)``, ``--actors`` actors started and killed (each leaves
+its worker's log files), then the CPU of the log monitor and of every process of the instance over ``--seconds`` idle.
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ import subprocess
 import sys
 import time
 
-VARIANTS = {"ray default": {}, "threshold 0": {"RAY_LOG_MONITOR_MANY_FILES_THRESHOLD": "0"}}
+#: name: (log_to_driver, environment)
+VARIANTS = {"ray default": (True, {}), "threshold 0": (True, {"RAY_LOG_MONITOR_MANY_FILES_THRESHOLD": "0"}),
+            "no log monitor": (False, {})}
 
 
-def measure(seconds: float, actors: int) -> dict:
+def measure(seconds: float, actors: int, log_to_driver: bool) -> dict:
     import glob
 
     import psutil
@@ -27,7 +31,7 @@ def measure(seconds: float, actors: int) -> dict:
 
     from fedsweep.experiment import start_local_ray  # the dashboard agent on a free port, as fedsweep starts Ray
 
-    start_local_ray(num_cpus=2, log_to_driver=False)
+    start_local_ray(num_cpus=2, log_to_driver=log_to_driver)
 
     @ray.remote(num_cpus=0)
     class Idle:
@@ -41,32 +45,47 @@ def measure(seconds: float, actors: int) -> dict:
             ray.kill(a)
     time.sleep(5)
     files = len(glob.glob(os.path.join(ray._private.worker._global_node.get_logs_dir_path(), "*")))
-    [monitor] = [p for p in psutil.Process().children(recursive=True) if "log_monitor" in " ".join(p.cmdline())]
-    before = monitor.cpu_times()
+    procs = psutil.Process().children(recursive=True)
+
+    def cpu() -> dict:
+        got = {}
+        for p in procs:
+            try:
+                t = p.cpu_times()
+                got[p.pid] = ("log_monitor" in " ".join(p.cmdline()), t.user + t.system)
+            except psutil.Error:
+                continue
+        return got
+
+    before = cpu()
     time.sleep(seconds)
-    after = monitor.cpu_times()
+    after = cpu()
     ray.shutdown()
-    return {"log_files": files, "cpu_s": after.user + after.system - before.user - before.system}
+    used = {pid: (monitor, value - before[pid][1]) for pid, (monitor, value) in after.items() if pid in before}
+    return {"log_files": files, "monitor_cpu_s": sum(v for m, v in used.values() if m),
+            "instance_cpu_s": sum(v for _, v in used.values())}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--actors", type=int, default=120)
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=list(VARIANTS), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(measure(args.seconds, args.actors)))
+        print(json.dumps(measure(args.seconds, args.actors, VARIANTS[args.worker][0])))
         return
     got = {}
-    for name, extra in VARIANTS.items():
+    for name, (_, extra) in VARIANTS.items():
         env = {k: v for k, v in os.environ.items() if k != "RAY_LOG_MONITOR_MANY_FILES_THRESHOLD"} | extra
-        out = subprocess.run([sys.executable, __file__, "--worker", "--seconds", str(args.seconds), "--actors", str(args.actors)],
-                             env=env, capture_output=True, text=True, check=True).stdout
+        out = subprocess.run([sys.executable, __file__, "--worker", name, "--seconds", str(args.seconds), "--actors",
+                              str(args.actors)], env=env, capture_output=True, text=True, check=True).stdout
         got[name] = json.loads(out.strip().splitlines()[-1])
-        print(f"{name}: {got[name]['log_files']} log files, log monitor {got[name]['cpu_s']:.2f} s of CPU in {args.seconds:g} s idle")
-    a, b = (got[n]["cpu_s"] for n in VARIANTS)
-    print(f"ratio default / threshold 0: {a / b:.2f}")
+        print(f"{name}: {got[name]['log_files']} log files; in {args.seconds:g} s idle, log monitor "
+              f"{got[name]['monitor_cpu_s']:.2f} s of CPU, the whole instance {got[name]['instance_cpu_s']:.2f} s")
+    whole = {n: got[n]["instance_cpu_s"] for n in VARIANTS}
+    print(f"the whole instance, ray default / threshold 0: {whole['ray default'] / whole['threshold 0']:.2f}; "
+          f"threshold 0 / no log monitor: {whole['threshold 0'] / whole['no log monitor']:.2f}")
 
 
 if __name__ == "__main__":

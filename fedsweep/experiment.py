@@ -47,7 +47,11 @@ def start_local_ray(**kwargs) -> None:
 
     Nor the autoscaler's monitor (``no_monitor``): a process that imports Ray's autoscaler to scale a cluster
     of one fixed node, and at ``ray.shutdown`` outlives SIGTERM's one-second grace: 1.0 of the 1.36 s a local
-    instance took to stop (0.1-0.4 s without it; docs/performance.md, "Fifty-first session")."""
+    instance took to stop (0.1-0.4 s without it; docs/performance.md, "Fifty-first session").
+
+    Nor, with ``log_to_driver=False``, the log monitor: a process that lists the logs folder and reads every worker's
+    log to publish its lines to drivers, which this one does not ask for (docs/performance.md, "Seventieth
+    session")."""
     from ray._private import parameter
 
     if os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":  # tests/test_actors.py: the agents take jobs then
@@ -55,7 +59,8 @@ def start_local_ray(**kwargs) -> None:
               "run a job anyone there submits (Ray binds them so; its token authentication is what refuses them)",
               file=sys.stderr)
     ray_params = parameter.RayParams
-    parameter.RayParams = functools.partial(ray_params, dashboard_agent_listen_port=0, no_monitor=True)
+    quiet = {"include_log_monitor": False} if kwargs.get("log_to_driver") is False else {}
+    parameter.RayParams = functools.partial(ray_params, dashboard_agent_listen_port=0, no_monitor=True, **quiet)
     try:
         ray.init(**{"include_dashboard": False, **kwargs})
     finally:

@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 
-# Every Ray instance the tests start (theirs and those of the commands they run, which inherit this environment) runs a
-# log monitor that, below 1,000 log files, lists the logs folder ten times a second; the suite's instances hold hundreds
-# of worker logs. Past this threshold (here 0) it lists them every 0.5 s: 0.87 s of CPU a minute instead of 1.82 with
-# 207 files (benchmarks/ray_log_monitor.py, 2026-11-27), on an instance that lives the whole suite (three of them). Worker output
-# still reaches a driver that asks for it (log_to_driver), new files within 0.5 s.
+# A Ray instance the commands under test start (they inherit this environment) runs a log monitor that, below 1,000 log
+# files, lists the logs folder ten times a second. Past this threshold (here 0) it lists them every 0.5 s: 0.87 s of CPU
+# a minute instead of 1.82 with 207 files (benchmarks/ray_log_monitor.py, 2026-11-27). Worker output still reaches the
+# driver, new files within 0.5 s. The suite's own instances (log_to_driver=False) run no log monitor at all.
 os.environ.setdefault("RAY_LOG_MONITOR_MANY_FILES_THRESHOLD", "0")
 
 ROOT = Path(__file__).resolve().parents[1]
