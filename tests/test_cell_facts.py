@@ -1,5 +1,5 @@
-"""benchmarks/cell_facts.py on the published cells: the numbers docs/benchmark.md's MNIST small-CNN sections state in
-words are what the tool computes from the cell's folder (and its MLP cell's)."""
+"""benchmarks/cell_facts.py on the published cells: the numbers docs/benchmark.md's small-CNN sections run again with
+declared kernels state in words are what the tool computes from the cell's folder (and its MLP cell's)."""
 
 from __future__ import annotations
 
@@ -73,6 +73,43 @@ def test_the_mnist_pathological_cnn_sections_statements_are_the_folders_numbers(
     # "a final run of FedALA took 253 s on average, pFedMe 176 s"; "FedEM 2,400"; "SCAFFOLD [...] 73.02%"
     assert f["final_run_s"][:2] == [("fedala", 253.0), ("pfedme", 176.0)]
     assert f["transmissions"][0] == ("fedem", 2400.0) and f["best_on_validation"]["scaffold"][0][1] == 73.02
+
+
+def test_the_fmnist_dirichlet_cnn_sections_statements_are_the_folders_numbers():
+    f = facts(B / "bench-fmnist-dirichlet-cnn", B / "bench-fmnist-dirichlet")
+    assert (f["methods"], f["rows"], f["budgets"], f["tuning_runs"]) == (38, 36, [16, 4], 608)
+    # "FedALA 93.42 ± 0.49 (93.45%, 93.21%, 93.60%; β = 0.2136, η = 0.5064 [...]; the narrowest CI of the cell), then
+    # FedRep 93.00 ± 1.52, FedBABU 92.65 ± 3.14, pFedMe 92.51 ± 1.34, FedDBE 92.37 ± 1.43 [...], FedDeper 92.17 ± 4.83"
+    assert f["top"][0] == ("fedala", 93.42, 0.49, "β=0.2136, eta=0.5064", [93.45, 93.21, 93.6])
+    assert [t[0] for t in f["top"][:6]] == ["fedala", "fedrep", "fedbabu", "pfedme", "feddbe", "feddeper"]
+    assert f["top"][4][1:4] == (92.37, 1.43, "β=0.2061, λ=0.1167") and f["narrowest"] == ("fedala", 0.49)
+    # "13 CIs overlap FedALA's [...]; FedDyn, P-Avg (MAML), Per-FedAvg FO, FedEM, FedAdam, FedProx, FedAvg, FedBN,
+    # SCAFFOLD and FedYogi lie entirely below all of the top five"
+    assert len(f["overlap_first"]) == 13 and {"pfedhn", "pflscaf_maml", "ifca"} <= set(f["overlap_first"])
+    assert f["below_top5"] == ["feddyn", "pavg_maml", "perfedavg_fo", "fedem", "fedadam", "fedprox", "fedavg", "fedbn",
+                               "scaffold", "fedyogi"]
+    # "Local (90.49 ± 2.12) ranks fifteenth [...] the CIs of 10 methods end below its lower end"
+    assert f["local"]["rank"] == 15 and len(f["local"]["ci_below"]) == 10
+    assert sorted(map(sorted, f["identical"])) == [["fedavg", "fedbn"], ["pavg_maml", "perfedavg_fo"]]
+    # "Per-FedAvg HF's choice [...] diverged on all three final seeds"; "PFLScaf (Proto)'s [...] gave 84.97% and 84.98%
+    # and diverged on seed 2"
+    assert f["no_row"] == {"perfedavg_hf": ["diverged"] * 3, "pflscaf_proto": [84.97, "diverged", 84.98]}
+    # "of the 36 methods with a row in both cells, the CNN's is lower for 33, the median difference −2.53 points, the
+    # orders Spearman ρ 0.859. Only FedRep (+0.98), FedDeper (+0.41) and FedNova (+0.24) gain; the largest losses are
+    # SCAFFOLD's (−24.73), PFLScaf (MAML)'s (−23.45), FedYogi's (−22.40), IFCA's (−15.46)"
+    assert {k: f["mlp"][k] for k in ("rows", "lower", "median", "spearman")} == {"rows": 36, "lower": 33, "median": -2.53, "spearman": 0.859}
+    assert f["mlp"]["gains"][:3] == [("fedrep", 0.98), ("feddeper", 0.41), ("fednova", 0.24)]
+    assert f["mlp"]["losses"][:4] == [("scaffold", -24.73), ("pflscaf_maml", -23.45), ("fedyogi", -22.4), ("ifca", -15.46)]
+    # "the ranks of the 36 methods with a row at both correlate with Spearman ρ 0.888; 9 of 38 chose the same setting";
+    # "its budget-4 choice (β = 0.04338, α = 0.02877) gives 86.05 ± 4.03"
+    small = f["small_budget"]
+    assert (small["rows"], small["spearman"], len(small["same_choice"])) == (36, 0.888, 9)
+    assert small["rows_of"]["perfedavg_hf"] == (86.05, 4.03, "β=0.04338, α=0.02877")
+    # "SCAFFOLD [...] with β = 0.02932, the one setting of its 16 above 13.33% on validation (62.58%)"; 9 of them diverged
+    assert [v for _, v in f["best_on_validation"]["scaffold"]] == [62.58, 13.32] and f["not_finished"]["scaffold"] == 9
+    # "a final run of FedALA took 235 s on average, FedEM 229 s, FedPAC 225 s"; "FedEM 3,200, FedFomo 2,360"
+    assert f["final_run_s"][:3] == [("fedala", 235.0), ("fedem", 229.0), ("fedpac", 225.0)]
+    assert f["transmissions"][:2] == [("fedem", 3200.0), ("fedfomo", 2360.0)]
 
 
 def test_the_command_prints_every_fact(capsys):
