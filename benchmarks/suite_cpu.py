@@ -47,6 +47,9 @@ def pytest_runtest_logfinish(nodeid, location):
 def kind(cmd: str) -> str:
     if "default_worker" in cmd or cmd.startswith("ray::"):
         return "Ray worker"
+    words = cmd.split(" ", 2)
+    if len(words) > 1 and words[1] in ("-c", "-B") and "python" in words[0]:  # a script given inline: its code is no kind
+        return "python -c"
     return next((k for k in KINDS if k in cmd), cmd[:40])
 
 
