@@ -134,3 +134,23 @@ def test_the_peer_floor_times_the_rounds_of_the_grids_own_experiment(tmp_path):
     assert SINGLE[0] in LRS and one["seed"] == SINGLE[1]
     assert {**grid, "algorithm": {**grid["algorithm"], "local_lr": SINGLE[0]}, "seed": SINGLE[1]} == one
     assert rounds_seconds(2, "powerlaw") > 0
+
+
+def test_the_suite_cpu_script_gives_a_process_started_in_a_test_to_that_test(tmp_path):
+    """``benchmarks/suite_cpu.py`` on a one-test file whose test starts a process living past one poll (an inline
+    script, about a second busy, then asleep): that process's CPU goes to the test, in the printout and the CSV, not
+    outside it (psutil's start times are up to a second off the clock the test's times come from), beside the pytest
+    process's own."""
+    (tmp_path / "test_tiny.py").write_text(
+        "import subprocess, sys\n"
+        "def test_child():\n"
+        "    subprocess.run([sys.executable, '-c', 'import time; sum(range(8 * 10**7)); time.sleep(1.5)'], check=True)\n")
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "suite_cpu.py"), "--csv", str(tmp_path / "cpu.csv"), "--",
+                          str(tmp_path / "test_tiny.py"), "-p", "no:cacheprovider"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120, check=True).stdout
+    assert "pytest exit 0; " in out and "over 1 tests" in out and "python -c" in out.split("heaviest files:")[1], out
+    import csv
+
+    [row] = list(csv.DictReader((tmp_path / "cpu.csv").open()))
+    assert row["test"].endswith("test_tiny.py::test_child") and float(row["cpu_s"]) >= 0.5  # the child's, at least
+    assert 0 <= float(row["pytest_cpu_s"]) < float(row["cpu_s"])  # pytest's own (it waited on the child)
