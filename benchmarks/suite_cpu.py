@@ -47,8 +47,8 @@ def pytest_runtest_logfinish(nodeid, location):
 def kind(cmd: str) -> str:
     if "default_worker" in cmd or cmd.startswith("ray::"):
         return "Ray worker"
-    words = cmd.split(" ", 2)
-    if len(words) > 1 and words[1] in ("-c", "-B") and "python" in words[0]:  # a script given inline: its code is no kind
+    words = cmd.split(" ", 3)
+    if "python" in words[0] and "-c" in words[1:3]:  # a script given inline (after -B or not): its code is no kind
         return "python -c"
     return next((k for k in KINDS if k in cmd), cmd[:40])
 
