@@ -93,11 +93,13 @@ class Setup:
     num_features: int
     num_classes: int
     train_loss: bool = True  # score the global model on the training part at evaluations (tracking.log_train_loss)
+    trained: int | None = None  # clients 0..trained−1 train, the others are held out (unseen_fraction); None: all train
 
     @classmethod
     def of(cls, cfg: Any, num_features: int, num_classes: int) -> Setup:
         """From an :class:`~fedsweep.config.ExperimentConfig` and its dataset's shape."""
-        return cls(cfg.model, cfg.algorithm, cfg.seed, num_features, num_classes, cfg.tracking.log_train_loss)
+        return cls(cfg.model, cfg.algorithm, cfg.seed, num_features, num_classes, cfg.tracking.log_train_loss,
+                   cfg.num_clients - cfg.unseen_count())
 
     def flat_model(self, device: torch.device | str = "cpu") -> FlatModel:
         """A :class:`FlatModel` of the architecture on ``device``. On the CPU its module (the layers it calls with a
@@ -141,10 +143,11 @@ class Client:
         self.train_loss = setup.train_loss
         self.state: State | None = None
         self.times_trained = 0
+        self.held_out = setup.trained is not None and client_id >= setup.trained
 
     def context(self, rnd: int, stream: int = _TRAIN) -> ClientContext:
         gen = torch.Generator().manual_seed(stream_seed(self.seed, self.client_id, rnd, stream))
-        return ClientContext(self.model, self.data, gen)
+        return ClientContext(self.model, self.data, gen, self.held_out)
 
     def current_state(self) -> State:
         """The algorithm state; before the first training, the algorithm's initial one (from the seeded

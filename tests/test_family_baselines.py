@@ -356,6 +356,45 @@ def test_fedem_with_one_component_is_fedavg():
     assert torch.equal(algo.global_model(new, state), msg["components"][0])
 
 
+def test_fedem_held_out_client_fits_its_mixture_weights_by_em():
+    """A held-out client (never trained) is scored with the π that maximizes its training data's likelihood under the
+    components received: where π_m > 0, Σ_j p_mj / Σ_k π_k p_kj = n (the likelihood's stationarity on the simplex),
+    and no π of a fine grid does better; a trained client keeps its own π."""
+    from fedsweep.algorithms.fedem import mixture_weights, sample_losses
+
+    model = tiny_model()
+    algo = FedEM(FedEMParams(local_lr=0.2, components=2), model)
+    comps = algo.init_server_state(model.initial_vector(0), 2)["components"]
+    ctx = tiny_client(model, 40, 3)
+    x, y = ctx.train_data()
+    losses = sample_losses(ctx, comps, x, y).double()
+    pi = mixture_weights(losses, tol=1e-14, iterations=1_000_000)
+    lik = (-losses).exp()
+    assert float(pi.sum()) == pytest.approx(1.0) and 0.01 < float(pi[0]) < 0.99  # interior here: the check below applies
+    assert torch.allclose((lik / (pi @ lik)).sum(1), torch.full((2,), 40.0, dtype=torch.float64), rtol=1e-6)
+    grid = torch.linspace(0, 1, 2001, dtype=torch.float64)
+    loglik = torch.stack([grid, 1 - grid], dim=1).matmul(lik).clamp_min(1e-300).log().sum(1)
+    assert float((torch.stack([pi[0], pi[1]]) @ lik).log().sum()) >= float(loglik.max()) - 1e-9
+
+    own = {"weights": torch.tensor([0.9, 0.1])}
+    payload = algo.server_payload(comps[0], {"components": comps})
+    assert torch.equal(algo.personalize(ctx, payload, own)[:2], own["weights"])
+    held_out = ClientContext(ctx.model, ctx.data, ctx.generator, held_out=True)
+    fitted = algo.personalize(held_out, payload, algo.init_client_state(comps[0]))[:2]
+    assert torch.allclose(fitted.double(), pi, atol=1e-6)
+
+
+def test_the_last_clients_are_held_out_in_their_contexts():
+    """``unseen_fraction``'s clients (the last ids) get ``held_out`` in their contexts, the others not."""
+    from fedsweep.data import built_or_build
+    from fedsweep.federation import Client, Setup
+
+    cfg = validate({**config_dict(data={"num_clients": 4}), "unseen_fraction": 0.25})
+    ds = built_or_build(cfg.run_data())
+    setup = Setup.of(cfg, ds.num_features, ds.num_classes)
+    assert [Client(i, d, setup).context(1).held_out for i, d in enumerate(ds.clients)] == [False, False, False, True]
+
+
 # ---------------------------------------------------------------- FedAvg-FT
 
 

@@ -109,11 +109,14 @@ class Context(Protocol):
 
 @dataclass
 class ClientContext:
-    """What a client step may use: its model, its data, and a seeded generator for batches."""
+    """What a client step may use: its model, its data, and a seeded generator for batches. ``held_out``: the client
+    is one of the run's unseen clients (``unseen_fraction``), never trained, only scored: a method whose paper gives a
+    new client its own step (FedEM's mixture weights) takes it in :meth:`Algorithm.personalize`."""
 
     model: FlatModel
     data: ClientData
     generator: torch.Generator
+    held_out: bool = False
 
     def loss(self, params: torch.Tensor, batch: Batch) -> torch.Tensor:
         """f_i(w; D): mean cross-entropy of the model with parameters ``params`` on ``batch``."""

@@ -18,7 +18,13 @@ component m is initialized independently (utils/utils.py ``get_learners_ensemble
 the run's seeded initialization and component m the model's initialization under a seed derived from it, plus m).
 
 A client is scored with its mixture p(y | x) = Σ_m π_im p_m(y | x) (learners_ensemble.py ``evaluate_iterator``): the
-predictor returns log p(y | x), so the scored cross-entropy is the mixture's negative log-likelihood. There is no
+predictor returns log p(y | x), so the scored cross-entropy is the mixture's negative log-likelihood. A held-out
+client (``unseen_fraction``: never trained) has no π of its own; FedEM's step for a new client is to learn it with the
+components fixed (the authors' code, aggregator.py ``Aggregator.update_test_clients``: at each evaluation the
+test clients take the current components, then one E-step and π ← mean q on their training data, π kept from the
+evaluation before). Here it is fitted at each evaluation from 1/M by those same two steps repeated to their fixed
+point (the π maximizing the training data's likelihood under the components received; :func:`mixture_weights`),
+so that the score does not depend on how often a run evaluates. There is no
 global model, except with M = 1, when FedEM is FedAvg (q = 1, π = 1) and the server's vector is the one component.
 Reads: β (``local_lr``), τ, r; its own M (``components``).
 """
@@ -61,6 +67,22 @@ def sample_losses(ctx: ClientContext, components: torch.Tensor, x: torch.Tensor,
     """ℓ(w_m; x_j, y_j), an M × n matrix, as constants in evaluation mode (the authors' ``gather_losses``)."""
     with statistics(ctx.model, ctx.model.stats, False), torch.no_grad():
         return torch.stack([per_sample_loss(ctx, w, x, y) for w in components])
+
+
+def mixture_weights(losses: torch.Tensor, iterations: int = 10_000, tol: float = 1e-10) -> torch.Tensor:
+    """π maximizing Σ_j log Σ_m π_m exp(−ℓ_mj), for the M × n losses ``losses`` of fixed components: from 1/M, the
+    E-step q(m | j) ∝ π_m exp(−ℓ_mj) and π ← mean_j q(m | j), in float64, until no π_m moves by more than ``tol``
+    (EM: the likelihood is concave in π and rises at every step; its steps shrink slowly near the maximum, hence the
+    small ``tol``). In ``losses``' dtype."""
+    ell = losses.double()
+    pi = ell.new_full((ell.shape[0],), 1.0 / ell.shape[0])
+    for _ in range(iterations):
+        new = torch.softmax(pi.log().unsqueeze(1) - ell, dim=0).mean(dim=1)
+        if float((new - pi).abs().max()) <= tol:
+            pi = new
+            break
+        pi = new
+    return pi.to(losses.dtype)
 
 
 @register("fedem")
@@ -117,8 +139,13 @@ class FedEM(Algorithm):
         return global_params if self.hp.components == 1 else None
 
     def personalize(self, ctx: ClientContext, payload: State, state: State) -> torch.Tensor:
-        """π_i followed by the M components, flattened: what :meth:`predictor` mixes."""
-        return torch.cat([state["weights"], payload["components"].flatten()])
+        """π_i followed by the M components, flattened: what :meth:`predictor` mixes; a held-out client's π fitted to
+        its training data with the components received (:func:`mixture_weights`)."""
+        components, weights = payload["components"], state["weights"]
+        if ctx.held_out:
+            x, y = ctx.train_data()
+            weights = mixture_weights(sample_losses(ctx, components, x, y))
+        return torch.cat([weights, components.flatten()])
 
     def predictor(self, ctx: ClientContext, personalized: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
         m = self.hp.components
