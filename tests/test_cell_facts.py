@@ -71,8 +71,9 @@ def test_the_mnist_pathological_cnn_sections_statements_are_the_folders_numbers(
     # "the ranks of the 36 methods with a row at both correlate with Spearman ρ 0.841; 6 of 38 chose the same setting"
     small = f["small_budget"]
     assert (small["rows"], small["spearman"], len(small["same_choice"])) == (36, 0.841, 6)
-    # "a final run of FedALA took 253 s on average, pFedMe 176 s"; "FedEM 2,400"; "SCAFFOLD [...] 73.02%"
-    assert f["final_run_s"][:2] == [("fedala", 253.0), ("pfedme", 176.0)]
+    # "a final run of FedALA took 253 s on average, pFedMe 176 s, [...] FedEM 156 s (its first final runs; those of
+    # `2ec44ec` in the table, 383 s, ran beside another benchmark's two trials)"; "FedEM 2,400"; "SCAFFOLD [...] 73.02%"
+    assert f["final_run_s"][:3] == [("fedem", 383.0), ("fedala", 253.0), ("pfedme", 176.0)]
     assert f["transmissions"][0] == ("fedem", 2400.0) and f["best_on_validation"]["scaffold"][0][1] == 73.02
 
 
