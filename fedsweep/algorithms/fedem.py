@@ -78,10 +78,9 @@ def mixture_weights(losses: torch.Tensor, iterations: int = 10_000, tol: float =
     pi = ell.new_full((ell.shape[0],), 1.0 / ell.shape[0])
     for _ in range(iterations):
         new = torch.softmax(pi.log().unsqueeze(1) - ell, dim=0).mean(dim=1)
-        if float((new - pi).abs().max()) <= tol:
-            pi = new
+        pi, moved = new, float((new - pi).abs().max())
+        if moved <= tol:
             break
-        pi = new
     return pi.to(losses.dtype)
 
 
