@@ -37,7 +37,7 @@ def cell(path: str) -> dict[str, float | str]:
     bench = load_bench(path, check_cluster=False)
     cfg = bench.first.trials[0].config
     clients = build_federated_dataset(cfg.data).clients
-    trained = cfg.num_clients - cfg.unseen_count()
+    trained = cfg.trained_count()
     acc = majority_accuracies(clients[:trained])
     row = {"cell": bench.name, "mean": acc.mean(), "p10": np.percentile(acc, 10), "worst": acc.min()}
     row["unseen mean"] = majority_accuracies(clients[trained:]).mean() if trained < len(clients) else float("nan")

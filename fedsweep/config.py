@@ -272,7 +272,7 @@ class ExperimentConfig(StrictModel):
                 "algorithm.clients_per_round", f"{hp.clients_per_round} samples more clients than exist "
                 f"(data.num_clients={n}); allowed: 1..{n}"
             )
-        trained = n - self.unseen_count()
+        trained = self.trained_count()
         if trained < 1:
             raise FieldError("unseen_fraction", f"{self.unseen_fraction} holds out all {n} clients; allowed: a share that "
                                                 "leaves at least one client to train")
@@ -285,6 +285,10 @@ class ExperimentConfig(StrictModel):
     def unseen_count(self) -> int:
         """Clients held out of training: ⌈unseen_fraction · n⌉, the last ids."""
         return math.ceil(round(self.unseen_fraction * self.data.num_clients, 9))
+
+    def trained_count(self) -> int:
+        """Clients that train: the first n − :meth:`unseen_count` ids."""
+        return self.data.num_clients - self.unseen_count()
 
     @property
     def num_clients(self) -> int:

@@ -48,7 +48,7 @@ class Engine:
         self.experiment += 1
         self.diverged = False
         setup = Setup.of(cfg, dataset.num_features, dataset.num_classes)
-        self.server = Server(setup, cfg.num_clients, cfg.eval_rounds(), cfg.unseen_count())
+        self.server = Server(setup, cfg.num_clients, cfg.eval_rounds())
         holds, replicated = self.layout(cfg)
         remote, gather = self.remote_hosts(cfg, dataset, setup, holds)
         here = holds[: len(holds) - len(remote)]  # the hosts of this process

@@ -99,7 +99,7 @@ class Setup:
     def of(cls, cfg: Any, num_features: int, num_classes: int) -> Setup:
         """From an :class:`~fedsweep.config.ExperimentConfig` and its dataset's shape."""
         return cls(cfg.model, cfg.algorithm, cfg.seed, num_features, num_classes, cfg.tracking.log_train_loss,
-                   cfg.num_clients - cfg.unseen_count())
+                   cfg.trained_count())
 
     def flat_model(self, device: torch.device | str = "cpu") -> FlatModel:
         """A :class:`FlatModel` of the architecture on ``device``. On the CPU its module (the layers it calls with a
@@ -274,11 +274,11 @@ class Server:
     """Global model, server state, client sampling, aggregation and transmission counts (floats sent each
     way, from the payloads and messages themselves); runs rounds against a :class:`Pool`."""
 
-    def __init__(self, setup: Setup, num_clients: int, eval_rounds: set[int], unseen: int = 0):
+    def __init__(self, setup: Setup, num_clients: int, eval_rounds: set[int]):
         self.seed = setup.seed
         self.num_clients = num_clients
-        #: Clients 0..trained−1 train; the last ``unseen`` are never sampled, only scored (``unseen_*`` metrics).
-        self.trained = num_clients - unseen
+        #: Clients 0..trained−1 train; the others (``Setup.trained``) are never sampled, only scored (``unseen_*``).
+        self.trained = num_clients if setup.trained is None else setup.trained
         model = setup.flat_model()
         self.algorithm = setup.algorithm_on(model)
         self.model_floats = model.numel
@@ -294,7 +294,7 @@ class Server:
     @classmethod
     def of(cls, cfg: Any, num_features: int, num_classes: int) -> Server:
         """The server of :class:`~fedsweep.config.ExperimentConfig` ``cfg``."""
-        return cls(Setup.of(cfg, num_features, num_classes), cfg.num_clients, cfg.eval_rounds(), cfg.unseen_count())
+        return cls(Setup.of(cfg, num_features, num_classes), cfg.num_clients, cfg.eval_rounds())
 
     def checkpoint(self, pool: Pool, rnd: int) -> dict:
         """Everything round ``rnd + 1`` depends on: global vector, server state, counters, every client's
