@@ -92,14 +92,14 @@ class Setup:
     seed: int
     num_features: int
     num_classes: int
+    trained: int  # clients 0..trained−1 train, the others are held out (unseen_fraction; ExperimentConfig.trained_count)
     train_loss: bool = True  # score the global model on the training part at evaluations (tracking.log_train_loss)
-    trained: int | None = None  # clients 0..trained−1 train, the others are held out (unseen_fraction); None: all train
 
     @classmethod
     def of(cls, cfg: Any, num_features: int, num_classes: int) -> Setup:
         """From an :class:`~fedsweep.config.ExperimentConfig` and its dataset's shape."""
-        return cls(cfg.model, cfg.algorithm, cfg.seed, num_features, num_classes, cfg.tracking.log_train_loss,
-                   cfg.trained_count())
+        return cls(cfg.model, cfg.algorithm, cfg.seed, num_features, num_classes, cfg.trained_count(),
+                   cfg.tracking.log_train_loss)
 
     def flat_model(self, device: torch.device | str = "cpu") -> FlatModel:
         """A :class:`FlatModel` of the architecture on ``device``. On the CPU its module (the layers it calls with a
@@ -143,7 +143,7 @@ class Client:
         self.train_loss = setup.train_loss
         self.state: State | None = None
         self.times_trained = 0
-        self.held_out = setup.trained is not None and client_id >= setup.trained
+        self.held_out = client_id >= setup.trained
 
     def context(self, rnd: int, stream: int = _TRAIN) -> ClientContext:
         gen = torch.Generator().manual_seed(stream_seed(self.seed, self.client_id, rnd, stream))
@@ -278,7 +278,7 @@ class Server:
         self.seed = setup.seed
         self.num_clients = num_clients
         #: Clients 0..trained−1 train; the others (``Setup.trained``) are never sampled, only scored (``unseen_*``).
-        self.trained = num_clients if setup.trained is None else setup.trained
+        self.trained = setup.trained
         model = setup.flat_model()
         self.algorithm = setup.algorithm_on(model)
         self.model_floats = model.numel
