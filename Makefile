@@ -11,14 +11,20 @@ PYTEST_ARGS ?=
 
 .PHONY: setup demo test test-fast lint ui clean test-services
 
+# torch (and uv) with pip, which reads pip's configuration: where torch's local CPU build lies (find-links). The other
+# 148 pinned packages with uv, a pip-compatible installer that downloads and unpacks in parallel: 12-14 s against
+# pip's 59-63 s, cold caches, the same packages (docs/performance.md, "Seventy-third session"). uv reads no pip
+# configuration: where it cannot reach the package index (a mirror named only in pip.conf), pip installs them.
 # pip byte-compiles what it installs file by file in its one process; compileall does the same files on every core
-# afterwards: both installs 89 s with pip's compiling, 74 s so (docs/performance.md, "Seventieth session"). The .pyc
-# files matter: under PYTHONDONTWRITEBYTECODE no process writes them, and each would compile torch's modules itself.
+# afterwards (89 s with pip's compiling, 74 s so; "Seventieth session"). The .pyc files matter: under
+# PYTHONDONTWRITEBYTECODE no process writes them, and each would compile torch's modules itself.
 # compileall exits 1 on a file no Python 3.11 compiles (torch's Python 3.12 test helper), which pip skips too.
+UV := uv==0.13.10
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --no-compile "$(TORCH)"
-	$(BIN)/python -m pip install -q --no-compile -c constraints.txt -e ".[test]"
+	$(BIN)/python -m pip install -q --no-compile "$(TORCH)" "$(UV)"
+	$(BIN)/uv pip install -q --python $(BIN)/python -c constraints.txt -e ".[test]" || \
+	  $(BIN)/python -m pip install -q --no-compile -c constraints.txt -e ".[test]"
 	$(BIN)/python -m compileall -q -j 0 $(VENV)/lib >/dev/null || true
 	touch $(STAMP)
 
