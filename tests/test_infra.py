@@ -1,5 +1,6 @@
 """The cluster files in infra/ and the sweep files as job entrypoints, checked with the tools that consume
-them: Ray's cluster-launcher schema, Ray's RuntimeEnv, fedsweep's own loader, and the kernel's shebang."""
+them: Ray's cluster-launcher schema, Ray's RuntimeEnv, fedsweep's own loader, the kernel's shebang, and bash for
+the shipped shell scripts."""
 
 from __future__ import annotations
 
@@ -206,3 +207,19 @@ def test_the_adapt_on_test_batch_file_is_the_synthetic_protocol_s_per_fedavg_row
     for doc in (protocol, variant):
         doc.pop("name"), doc["tracking"].pop("experiment"), doc["sweep"].pop("name")
     assert variant == protocol
+
+
+@pytest.mark.parametrize("script", sorted([*ROOT.glob("benchmarks/*.sh"), *ROOT.glob("infra/*.sh"), ROOT / ".ci" / "run"]),
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_shell_script_parses(script):
+    """bash reads every shipped script through (``bash -n``): a script that no test runs cannot rot unseen."""
+    r = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, check=False)
+    assert r.returncode == 0, r.stderr
+
+
+def test_the_rerun_script_refuses_a_cell_without_a_rerun_file_before_anything_else(tmp_path):
+    """`benchmarks/rerun_cell.sh` names the file it lacks and exits 2, creating nothing (no work tree, no folder)."""
+    r = subprocess.run([str(ROOT / "benchmarks" / "rerun_cell.sh"), "start", "no_such_cell", "HEAD"], cwd=ROOT,
+                       capture_output=True, text=True, env={**os.environ, "RERUN_ROOT": str(tmp_path / "rr")}, check=False)
+    assert r.returncode == 2 and "reruns/no_such_cell/no_such_cell.yaml" in r.stderr
+    assert not (tmp_path / "rr").exists()
