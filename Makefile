@@ -11,10 +11,11 @@ PYTEST_ARGS ?=
 
 .PHONY: setup demo test test-fast lint ui clean test-services
 
-# torch (and uv) with pip, which reads pip's configuration: where torch's local CPU build lies (find-links). The other
-# 148 pinned packages with uv, a pip-compatible installer that downloads and unpacks in parallel: 12-14 s against
-# pip's 59-63 s, cold caches, the same packages (docs/performance.md, "Seventy-third session"). uv reads no pip
-# configuration: where it cannot reach the package index (a mirror named only in pip.conf), pip installs them.
+# torch with pip, which reads pip's configuration: where torch's local CPU build lies (find-links). The other 148
+# pinned packages with uv, a pip-compatible installer that downloads and unpacks in parallel: 12-14 s against pip's
+# 59-63 s, cold caches, the same packages (docs/performance.md, "Seventy-third session"). uv reads no pip
+# configuration: it gets pip's index-url when one is set (a mirror), and pip installs them instead where pip's
+# configuration says no-index, where pip cannot fetch uv, or where uv fails (an index it cannot reach, a custom CA).
 # pip byte-compiles what it installs file by file in its one process; compileall does the same files on every core
 # afterwards (89 s with pip's compiling, 74 s so; "Seventieth session"). The .pyc files matter: under
 # PYTHONDONTWRITEBYTECODE no process writes them, and each would compile torch's modules itself.
@@ -22,8 +23,11 @@ PYTEST_ARGS ?=
 UV := uv==0.13.10
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --no-compile "$(TORCH)" "$(UV)"
-	$(BIN)/uv pip install -q --python $(BIN)/python -c constraints.txt -e ".[test]" || \
+	$(BIN)/python -m pip install -q --no-compile "$(TORCH)"
+	conf=$$($(BIN)/python -m pip config list 2>/dev/null); \
+	index=$$(printf '%s\n' "$$conf" | sed -n "s/^[^=]*[.]index-url='\(.*\)'$$/\1/p" | tail -1); \
+	{ ! printf '%s\n' "$$conf" | grep -q '[.]no-index=' && $(BIN)/python -m pip install -q "$(UV)" && \
+	  $(BIN)/uv pip install -q --python $(BIN)/python $${index:+--index-url "$$index"} -c constraints.txt -e ".[test]"; } || \
 	  $(BIN)/python -m pip install -q --no-compile -c constraints.txt -e ".[test]"
 	$(BIN)/python -m compileall -q -j 0 $(VENV)/lib >/dev/null || true
 	touch $(STAMP)
