@@ -4,21 +4,22 @@
 #   benchmarks/rerun_cell.sh start  CELL COMMIT   a work tree of COMMIT with the rerun's file, and the rerun's folder
 #                                                 copied out of the repository (once per machine, or per commit)
 #   benchmarks/rerun_cell.sh run    CELL COMMIT METHOD[,METHOD...]   one batch, resumable (`fedsweep bench --resume`)
-#   benchmarks/rerun_cell.sh record CELL COMMIT METHOD[,METHOD...]   the folder back into the repository once checked:
+#   benchmarks/rerun_cell.sh record CELL COMMIT [METHOD,...]   the folder back into the repository once checked:
 #                                                 from its runs alone, in a fresh MLflow store, --resume naming every
-#                                                 done METHOD runs nothing and writes the same tables, compact.md and
-#                                                 final runs; refused if the repository's folder has a method done
-#                                                 that this one lacks (recorded from another machine since `start`)
+#                                                 done method (default: those its bench_state.json has done) runs
+#                                                 nothing and writes the same tables, compact.md and final runs;
+#                                                 refused if the repository's folder has a method done that this one
+#                                                 lacks (recorded from another machine since `start`)
 #
 # From the repository root (its .venv; `../shared/data` beside it, Fashion-MNIST from Debian's dataset-fashion-mnist).
 # Work trees, outputs and stores live under $RERUN_ROOT (default ../rerun), one MLflow store per cell (Tune's saved
 # sweep belongs to its runs: keep it between the batches of one machine). `run` appends start/end times to
 # $RERUN_ROOT/CELL/times.txt and the command's output to run.log. Commit the repository's folder after `record`.
 set -euo pipefail
-usage() { sed -n '2,16p' "$0" >&2; exit 2; }
+usage() { sed -n '2,17p' "$0" >&2; exit 2; }
 action=${1:-} cell=${2:-} commit=${3:-} methods=${4:-}
 [ -n "$cell" ] && [ -n "$commit" ] || usage
-case $action in start) ;; run|record) [ -n "$methods" ] || usage ;; *) usage ;; esac
+case $action in start|record) ;; run) [ -n "$methods" ] || usage ;; *) usage ;; esac
 repo=$(pwd)
 saved=$repo/docs/results/benchmark/reruns/$cell
 [ -f "$saved/$cell.yaml" ] || { echo "no rerun file $saved/$cell.yaml" >&2; exit 2; }
@@ -58,6 +59,7 @@ case $action in
       lost=$(comm -23 <(done_methods "$saved/$name/bench_state.json" | sort) <(done_methods "$out/$name/bench_state.json" | sort))
       [ -z "$lost" ] || { echo "the repository's folder has methods done that $out/$name lacks: $lost" >&2; exit 1; }
     fi
+    [ -n "$methods" ] || methods=$(done_methods "$out/$name/bench_state.json" | paste -sd, -)
     check=$(mktemp -d); trap 'rm -rf "$check"' EXIT
     mkdir -p "$check/out" && cp -r "$out/$name" "$check/out/"
     rm -f "$check/out/$name"/{compact.md,table_b*,final_runs_b*,*.png}   # written again from the runs alone
