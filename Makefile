@@ -14,8 +14,9 @@ PYTEST_ARGS ?=
 # torch with pip, which reads pip's configuration: where torch's local CPU build lies (find-links). The other 148
 # pinned packages with uv, a pip-compatible installer that downloads and unpacks in parallel: 12-14 s against pip's
 # 59-63 s, cold caches, the same packages (docs/performance.md, "Seventy-third session"). uv reads no pip
-# configuration: it gets pip's index-url when one is set (a mirror), and pip installs them instead where pip's
-# configuration says no-index, where pip cannot fetch uv, or where uv fails (an index it cannot reach, a custom CA).
+# configuration: it gets the index-url pip would use (PIP_INDEX_URL, then pip.conf's [install], then [global]: a
+# mirror), and pip installs them instead where pip's configuration says no-index, where pip cannot fetch uv, or where
+# uv fails (an index it cannot reach, a custom CA).
 # pip byte-compiles what it installs file by file in its one process; compileall does the same files on every core
 # afterwards (89 s with pip's compiling, 74 s so; "Seventieth session"). The .pyc files matter: under
 # PYTHONDONTWRITEBYTECODE no process writes them, and each would compile torch's modules itself.
@@ -25,7 +26,8 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --no-compile "$(TORCH)"
 	conf=$$($(BIN)/python -m pip config list 2>/dev/null); \
-	index=$$(printf '%s\n' "$$conf" | sed -n "s/^[^=]*[.]index-url='\(.*\)'$$/\1/p" | tail -1); \
+	index=$$(printf '%s\n' "$$conf" | sed -n "s/^\([^=]*\)[.]index-url='\(.*\)'$$/\1 \2/p" | \
+	  awk '{r = $$1 == ":env:" ? 0 : $$1 == "install" ? 1 : 2} !n || r < best {best = r; v = $$2; n = 1} END {print v}'); \
 	{ ! printf '%s\n' "$$conf" | grep -q '[.]no-index=' && $(BIN)/python -m pip install -q "$(UV)" && \
 	  $(BIN)/uv pip install -q --python $(BIN)/python $${index:+--index-url "$$index"} -c constraints.txt -e ".[test]"; } || \
 	  $(BIN)/python -m pip install -q --no-compile -c constraints.txt -e ".[test]"
