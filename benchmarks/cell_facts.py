@@ -2,7 +2,7 @@
 MLP cell's folder, for a CNN cell): what a publication writes and a reader can check, where cell_diff.py says what
 moved between two runs of one cell.
 
-    python benchmarks/cell_facts.py FOLDER [--mlp MLP_FOLDER]
+    python benchmarks/cell_facts.py FOLDER [--mlp MLP_FOLDER] [--pfllib COLUMN]
 
 Printed, at the largest budget (the table's) in points of the ranking metric: the top rows with their seeds; the
 rows whose 95% CI overlaps the first's, and those that lie entirely below all of the top five; Local's rank, and the
@@ -11,7 +11,10 @@ normalization layer); against the MLP cell (rows in both, how many are lower, th
 the two orders, the largest gains and losses); the wide rows (CI above 5 points) with their seeds and their
 smaller budget's row; the methods without a row (a final seed diverged); the unseen clients' lowest and highest;
 the smaller budget against the largest (ρ, the same choices); the final runs' seconds and the transmissions; the
-tuning trials that did not finish; each method's best two settings on validation.
+tuning trials that did not finish; each method's best two settings on validation. With ``--pfllib COLUMN`` (a column
+of PFLlib's leaderboard as docs/results/benchmark/peers.md copies it, "Path FMNIST" or "Prac FMNIST"), the methods
+both have, side by side: each row, Spearman's ρ of the two orders over the personalized ones and over all, the spans
+of the personalized ones and how far ours lie below PFLlib's (and the same ρ for the MLP cell, given ``--mlp``).
 """
 
 from __future__ import annotations
@@ -29,6 +32,12 @@ from fedsweep.bench_folder import method_runs
 from fedsweep.table import read_runs
 
 M = "personalized_accuracy_mean"
+PEERS = Path(__file__).resolve().parents[1] / "docs" / "results" / "benchmark" / "peers.md"
+#: PFLlib's names (its leaderboard, peers.md's Table A) of the methods fedsweep has; its Per-FedAvg is the first-order
+#: one (docs/benchmark.md, beside the Fashion-MNIST Dirichlet MLP cell), its FedAvg and FedProx the two not personalized.
+PFLLIB = {"FedAvg": "fedavg", "FedProx": "fedprox", "Per-FedAvg": "perfedavg_fo", "pFedMe": "pfedme", "Ditto": "ditto",
+          "APFL": "apfl", "FedFomo": "fedfomo", "FedAMP": "fedamp", "FedALA": "fedala", "FedPer": "fedper", "FedRep": "fedrep",
+          "FedRoD": "fedrod", "FedBABU": "fedbabu", "FedDBE": "feddbe", "FedProto": "fedproto"}
 GLOBAL_MODEL = ("fedavg", "fedavgm", "fedprox", "scaffold", "feddyn", "fedadam", "fedyogi", "fednova", "moon")
 
 
@@ -105,6 +114,52 @@ def facts(folder: Path, mlp: Path | None = None) -> dict:
     return out
 
 
+def pfllib_column(column: str, peers: Path = PEERS) -> pd.Series:
+    """PFLlib's mean accuracy (%) of each method fedsweep has, in ``column`` of peers.md's Table A, by fedsweep key."""
+    lines = peers.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("### 1.3 Table A"))
+    header = next(i for i in range(start, len(lines)) if lines[i].startswith("| Method |"))
+    names = [c.strip() for c in lines[header].strip("|").split("|")]
+    if column not in names:
+        raise SystemExit(f"--pfllib: {column!r} is not a column of PFLlib's Table A; its columns: {', '.join(names[1:])}")
+    rows = {}
+    for line in lines[header + 2:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if cells[0] in PFLLIB:
+            rows[PFLLIB[cells[0]]] = float(cells[names.index(column)].split("±")[0])
+    return pd.Series(rows).sort_values(ascending=False, kind="stable")
+
+
+def pfllib(folder: Path, column: str, mlp: Path | None = None) -> dict:
+    """The cell's largest-budget rows beside PFLlib's ``column`` (see the module's docstring)."""
+    budget = max(int(p.stem.rsplit("_b", 1)[1]) for p in folder.glob("table_b*.csv"))
+    theirs = pfllib_column(column)
+    personal = [k for k in theirs.index if k not in GLOBAL_MODEL]
+
+    def compare(cell: Path) -> dict:
+        mean, ci = _points(_table(cell, budget))
+        order = list(mean.sort_values(ascending=False, kind="stable").index)
+        both = [k for k in theirs.index if k in mean.index]
+        rho = lambda keys: round(float(theirs[keys].corr(mean[keys], method="spearman")), 2)
+        mine = [k for k in personal if k in mean.index]
+        gap = (theirs[both] - mean[both]).round(2)
+        return {"rows": [(k, float(theirs[k]), _r(mean[k]), _r(ci[k]), order.index(k) + 1) for k in both], "of": len(order),
+                "missing": [k for k in theirs.index if k not in mean.index],
+                "spearman_personalized": (len(mine), rho(mine)), "spearman_all": (len(both), rho(both)),
+                "span_personalized": {"pfllib": _r(theirs[personal].max() - theirs[personal].min()),
+                                      "ours": (_r(mean[mine].min()), _r(mean[mine].max()))},
+                "gap_personalized": sorted((_r(gap[k]), k) for k in mine),
+                "gap_global": [(k, _r(gap[k])) for k in GLOBAL_MODEL if k in gap.index]}
+
+    out = compare(folder)
+    if mlp is not None:
+        other = compare(mlp)
+        out["mlp"] = {k: other[k] for k in ("spearman_personalized", "spearman_all", "gap_personalized", "gap_global")}
+    return out
+
+
 def _tuning(folder: Path, state: dict) -> dict:
     """Each method's tuning runs (its own settings, from the phase's saved copy): the trials that did not finish, and
     its best two settings on validation."""
@@ -120,8 +175,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", type=Path)
     parser.add_argument("--mlp", type=Path, help="the MLP cell's folder, for a CNN cell")
+    parser.add_argument("--pfllib", metavar="COLUMN", help='a column of PFLlib\'s leaderboard (peers.md): "Path FMNIST", "Prac FMNIST"')
     args = parser.parse_args(argv)
-    for key, value in facts(args.folder, args.mlp).items():
+    found = facts(args.folder, args.mlp)
+    if args.pfllib:
+        found["pfllib"] = pfllib(args.folder, args.pfllib, args.mlp)
+    for key, value in found.items():
         print(f"{key}: {value}")
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.cell_facts import facts, main
+import pytest
+
+from benchmarks.cell_facts import facts, main, pfllib
 
 B = Path(__file__).resolve().parents[1] / "docs" / "results" / "benchmark"
 
@@ -117,7 +119,42 @@ def test_the_fmnist_dirichlet_cnn_sections_statements_are_the_folders_numbers():
     assert f["transmissions"][:2] == [("fedem", 3200.0), ("fedfomo", 2360.0)]
 
 
+def test_the_pfllib_comparisons_statements_are_the_folders_numbers():
+    """"Beside PFLlib's leaderboard" in the Fashion-MNIST sections: PFLlib's column as peers.md copies it, ours from the
+    cell's table."""
+    dirichlet = pfllib(B / "bench-fmnist-dirichlet", "Prac FMNIST")
+    # "FedDBE | 97.69 ± 0.05 | 92.66 ± 2.21 | 14"; "Per-FedAvg | 95.10 ± 0.10 | 91.68 ± 1.32 | 21"
+    assert dirichlet["rows"][0] == ("feddbe", 97.69, 92.66, 2.21, 14) and dirichlet["of"] == 38
+    assert dirichlet["rows"][12] == ("perfedavg_fo", 95.1, 91.68, 1.32, 21) and not dirichlet["missing"]
+    # "Among the 13 personalized methods the two orders barely agree (Spearman ρ = 0.18; 0.47 over all 15) [...] Our
+    # numbers are 3.0 to 5.5 points lower for the personalized methods and 11 and 16 points lower for FedAvg and FedProx"
+    assert (dirichlet["spearman_personalized"], dirichlet["spearman_all"]) == ((13, 0.18), (15, 0.47))
+    assert [g for g, _ in dirichlet["gap_personalized"][::12]] == [3.04, 5.54]
+    assert dirichlet["gap_global"] == [("fedavg", 11.45), ("fedprox", 15.81)]
+    # the CNN cell: "the orders agree more than with the MLP (Spearman ρ = 0.73 over the 13 personalized methods, 0.82
+    # over all 15; MLP 0.18 and 0.47) [...] 4.2 to 8.5 points for the personalized methods but Per-FedAvg (17.8; MLP
+    # 3.0 to 5.5), 21.6 for FedAvg and 20.2 for FedProx"
+    cnn = pfllib(B / "bench-fmnist-dirichlet-cnn", "Prac FMNIST", B / "bench-fmnist-dirichlet")
+    assert (cnn["spearman_personalized"], cnn["spearman_all"]) == ((13, 0.73), (15, 0.82)) and cnn["of"] == 36
+    assert (cnn["mlp"]["spearman_personalized"], cnn["mlp"]["spearman_all"]) == ((13, 0.18), (15, 0.47))
+    assert [g for g, _ in cnn["gap_personalized"][::11]] == [4.24, 8.51] and cnn["gap_personalized"][-1] == (17.77, "perfedavg_fo")
+    assert cnn["gap_global"] == [("fedavg", 21.58), ("fedprox", 20.16)]
+    # the pathological MLP cell: "Spearman ρ = −0.17; 0.24 over all 15: PFLlib's lie within 0.56 points (99.18 to
+    # 99.74) and ours within 2.4 (95.28 to 97.65) [...] Ours are 1.8 to 4.2 points lower for the personalized methods,
+    # 9.0 and 6.7 for FedAvg and FedProx"
+    path = pfllib(B / "bench-fmnist-pathological", "Path FMNIST")
+    assert (path["spearman_personalized"], path["spearman_all"]) == ((13, -0.17), (15, 0.24))
+    assert path["span_personalized"] == {"pfllib": 0.56, "ours": (95.28, 97.65)}
+    assert [g for g, _ in path["gap_personalized"][::12]] == [1.81, 4.21]
+    assert path["gap_global"] == [("fedavg", 9.05), ("fedprox", 6.66)]
+    with pytest.raises(SystemExit, match="'Path MNIST' is not a column of PFLlib's Table A; its columns: Path FMNIST, "):
+        pfllib(B / "bench-fmnist-pathological", "Path MNIST")
+
+
 def test_the_command_prints_every_fact(capsys):
     main([str(B / "bench-synthetic")])
     out = capsys.readouterr().out
     assert out.startswith("methods: ") and "\nidentical: " in out and "\nmlp: " not in out
+    assert "\npfllib: " not in out
+    main([str(B / "bench-fmnist-pathological"), "--pfllib", "Path FMNIST"])
+    assert "\npfllib: {'rows': [('feddbe', 99.74, 95.8, 2.82, 24), " in capsys.readouterr().out
