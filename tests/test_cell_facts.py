@@ -119,6 +119,54 @@ def test_the_fmnist_dirichlet_cnn_sections_statements_are_the_folders_numbers():
     assert f["transmissions"][:2] == [("fedem", 3200.0), ("fedfomo", 2360.0)]
 
 
+def test_the_fmnist_pathological_cnn_sections_statements_are_the_folders_numbers():
+    f = facts(B / "bench-fmnist-pathological-cnn", B / "bench-fmnist-pathological")
+    assert (f["methods"], f["rows"], f["budgets"], f["tuning_runs"]) == (38, 37, [16, 4], 608)
+    # "PFLDyn (Proto) 97.93 ± 0.48 (97.90%, 97.75%, 98.13%; β = 0.1567, λ = 0.06691 [...]), then P-Avg 97.40 ± 1.11
+    # [...], FedPAC 97.24 ± 0.65 [...], FedRep 96.82 ± 0.99 [...] and pFedMe 96.72 ± 0.43 (96.53%, 96.79%, 96.85%; [...]
+    # the narrowest CI of the cell), FedDBE sixth (96.62 ± 0.95)"
+    assert f["top"][0] == ("pfldyn_proto", 97.93, 0.48, "β=0.1567, λ=0.06691", [97.9, 97.75, 98.13])
+    assert [t[0] for t in f["top"]] == ["pfldyn_proto", "pavg", "fedpac", "fedrep", "pfedme", "feddbe"]
+    assert f["top"][4][4] == [96.53, 96.79, 96.85] and f["narrowest"] == ("pfedme", 0.43)
+    # "19 CIs overlap PFLDyn (Proto)'s [...]; IFCA, PFLScaf (MAML), FedBN and the nine methods served by one global
+    # model lie entirely below all of the top five"
+    assert len(f["overlap_first"]) == 19 and {"fedfomo", "perfedavg_fo", "pavg_maml", "fedem"} <= set(f["overlap_first"])
+    assert set(f["below_top5"]) == {"ifca", "pflscaf_maml", "fedbn", "fedavg", "fedavgm", "fedprox", "scaffold", "feddyn",
+                                    "fedadam", "fedyogi", "fednova", "moon"}
+    # "Local (94.09 ± 9.61) ranks 14th [...], above every method that trains one global model; the CIs of 10 methods
+    # end below its lower end (the nine methods served by one global model, and FedBN)"
+    assert f["local"]["rank"] == 14 and f["local"]["global_model_above"] == []
+    assert set(f["local"]["ci_below"]) == {"fedbn", "fedavg", "fedavgm", "fedprox", "scaffold", "feddyn", "fedadam", "fedyogi",
+                                           "fednova", "moon"}
+    assert sorted(map(sorted, f["identical"])) == [["fedavg", "fedbn"], ["pavg_maml", "perfedavg_fo"]]
+    # "Its budget-16 choice [...] diverged on seeds 1 and 3 and ended at 9.33% on seed 2"
+    assert f["no_row"] == {"perfedavg_hf": ["diverged", 9.33, "diverged"]}
+    # "of the 37 methods with a row in both cells, the CNN's is lower for 35, the median difference −4.37 points, the
+    # orders Spearman ρ 0.796 [...] Only FedDBE (+0.82) and FedRep (+0.16) gain; the largest losses are SCAFFOLD's
+    # (−63.02), PFLScaf (MAML)'s (−20.60), Per-FedAvg FO's and P-Avg (MAML)'s (−18.20) and FedEM's (−14.51)"
+    assert {k: f["mlp"][k] for k in ("rows", "lower", "median", "spearman")} == {"rows": 37, "lower": 35, "median": -4.37, "spearman": 0.796}
+    assert f["mlp"]["gains"][:2] == [("feddbe", 0.82), ("fedrep", 0.16)] and f["mlp"]["gains"][2][1] < 0
+    assert f["mlp"]["losses"][:2] == [("scaffold", -63.02), ("pflscaf_maml", -20.6)] and f["mlp"]["losses"][4] == ("fedem", -14.51)
+    # "the ranks of the 36 methods with a row at both correlate with Spearman ρ 0.900; 13 of 38 chose the same setting
+    # with both"
+    small = f["small_budget"]
+    assert (small["rows"], small["spearman"], len(small["same_choice"])) == (36, 0.9, 13)
+    # "SCAFFOLD 15.31 ± 12.10 [...] with β = 0.005347, the best of its 16 on validation with 12.52% [...]: 7 diverged"
+    assert f["best_on_validation"]["scaffold"][0] == ("method=scaffold, beta=0.005347", 12.52) and f["not_finished"]["scaffold"] == 7
+    # "SCAFFOLD 1.94, APFL 9.40 [...], Local, FedFomo and FedAMP 12.20"; "PFLDyn (Proto) 97.15, FedBABU 96.68 and FedALA 96.65"
+    assert f["unseen_lowest"][:5] == [("scaffold", 1.94), ("apfl", 9.4), ("fedfomo", 12.2), ("local", 12.2), ("fedamp", 12.2)]
+    assert f["unseen_highest"][:3] == [("pfldyn_proto", 97.15), ("fedbabu", 96.68), ("fedala", 96.65)]
+    # "a final run of FedALA took 405 s on average, FedPAC 321 s, pFedMe 304 s, FedEM 224 s, FedNova 198 s"
+    assert f["final_run_s"][:5] == [("fedala", 405.0), ("fedpac", 321.0), ("pfedme", 304.0), ("fedem", 224.0), ("fednova", 198.0)]
+    assert f["transmissions"][:3] == [("fedem", 3200.0), ("fedfomo", 2360.0), ("ifca", 2000.0)]
+    # "Beside PFLlib's leaderboard": "Spearman ρ = 0.45 over the 13 personalized methods, 0.64 over all 15; MLP −0.17
+    # and 0.24"; "13.0 for FedFomo and 20.7 for Per-FedAvg [...], 14.3 for FedAvg and 11.2 for FedProx"
+    p = pfllib(B / "bench-fmnist-pathological-cnn", "Path FMNIST", B / "bench-fmnist-pathological")
+    assert (p["spearman_personalized"], p["spearman_all"]) == ((13, 0.45), (15, 0.64)) and not p["missing"]
+    assert (p["mlp"]["spearman_personalized"], p["mlp"]["spearman_all"]) == ((13, -0.17), (15, 0.24))
+    assert [g for g, _ in p["gap_personalized"]][-2:] == [13.03, 20.67] and p["gap_global"] == [("fedavg", 14.27), ("fedprox", 11.2)]
+
+
 def test_the_pfllib_comparisons_statements_are_the_folders_numbers():
     """"Beside PFLlib's leaderboard" in the Fashion-MNIST sections: PFLlib's column as peers.md copies it, ours from the
     cell's table."""

@@ -130,15 +130,16 @@ DECLARING = [f for f in sorted((ROOT / "sweeps" / "benchmark").glob("*.yaml"))
 
 def test_the_embedded_cell_and_the_mlp_cells_run_again_declare_make_demos_kernels():
     """The embedded Synthetic cell and the four MNIST-family MLP cells were run again with ``make demo``'s kernels
-    (2026-12-05 and 06), the two MNIST CNN cells (2026-12-06 and 07) and the Fashion-MNIST Dirichlet one (2026-12-07),
-    so that they repeat on any x86-64 CPU: their files declare them (a CNN cell with its convolutions without oneDNN
+    (2026-12-05 and 06), and the four small-CNN cells (2026-12-06 to 08), so that they repeat on any x86-64 CPU: their
+    files declare them (a CNN cell with its convolutions without oneDNN
     beside them: docs/reproduction.md, "Convolutions without oneDNN"), and each place that gives the Synthetic cell's
     command gives it as it is typed (no variables before it)."""
     from benchmarks.demo import make_demo_settings
 
     assert {f.name for f in DECLARING} >= {"synthetic.yaml", "mnist_dirichlet.yaml", "mnist_pathological.yaml",
                                           "fmnist_dirichlet.yaml", "fmnist_pathological.yaml", "mnist_dirichlet_cnn.yaml",
-                                          "mnist_pathological_cnn.yaml", "fmnist_dirichlet_cnn.yaml"}
+                                          "mnist_pathological_cnn.yaml", "fmnist_dirichlet_cnn.yaml",
+                                          "fmnist_pathological_cnn.yaml"}
     for f in DECLARING:
         bench = load_bench(f, check_cluster=False)
         cnn = bench.first.trials[0].config.model.name == "cnn"
