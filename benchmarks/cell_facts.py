@@ -14,7 +14,7 @@ the smaller budget against the largest (ρ, the same choices); the final runs' s
 tuning trials that did not finish; each method's best two settings on validation. With ``--pfllib COLUMN`` (a column
 of PFLlib's leaderboard as docs/results/benchmark/peers.md copies it, "Path FMNIST" or "Prac FMNIST"), the methods
 both have, side by side: each row, Spearman's ρ of the two orders over the personalized ones and over all, the spans
-of the personalized ones and how far ours lie below PFLlib's (and the same ρ for the MLP cell, given ``--mlp``).
+of the personalized ones and how far ours lie below PFLlib's (and the MLP cell's ρ and gaps, given ``--mlp``).
 """
 
 from __future__ import annotations
@@ -45,6 +45,11 @@ def _r(x, digits: int = 2) -> float:
     return round(float(x), digits)
 
 
+def _budgets(folder: Path) -> list[int]:
+    """The budgets the cell's tables are of (``table_b<B>.csv``), the largest first."""
+    return sorted((int(p.stem.rsplit("_b", 1)[1]) for p in folder.glob("table_b*.csv")), reverse=True)
+
+
 def _table(folder: Path, budget: int) -> pd.DataFrame:
     return pd.read_csv(folder / f"table_b{budget}.csv").set_index("algorithm")
 
@@ -56,7 +61,7 @@ def _points(table: pd.DataFrame, metric: str = M) -> tuple[pd.Series, pd.Series]
 def facts(folder: Path, mlp: Path | None = None) -> dict:
     """The section's numbers (see the module's docstring) of the methods with final runs, as plain values."""
     state = {k: e for k, e in json.loads((folder / "bench_state.json").read_text())["methods"].items() if "final_run" in e}
-    budgets = sorted((int(p.stem.rsplit("_b", 1)[1]) for p in folder.glob("table_b*.csv")), reverse=True)
+    budgets = _budgets(folder)
     top, small = budgets[0], budgets[-1]
     table, table_small = _table(folder, top), _table(folder, small)
     finals = read_runs(str(folder / f"final_runs_b{top}.csv"))[0]
@@ -119,22 +124,23 @@ def pfllib_column(column: str, peers: Path = PEERS) -> pd.Series:
     lines = peers.read_text().splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("### 1.3 Table A"))
     header = next(i for i in range(start, len(lines)) if lines[i].startswith("| Method |"))
-    names = [c.strip() for c in lines[header].strip("|").split("|")]
+    cells = lambda line: [c.strip() for c in line.strip("|").split("|")]
+    names = cells(lines[header])
     if column not in names:
         raise SystemExit(f"--pfllib: {column!r} is not a column of PFLlib's Table A; its columns: {', '.join(names[1:])}")
     rows = {}
     for line in lines[header + 2:]:
         if not line.startswith("|"):
             break
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        if cells[0] in PFLLIB:
-            rows[PFLLIB[cells[0]]] = float(cells[names.index(column)].split("±")[0])
+        row = cells(line)
+        if row[0] in PFLLIB:
+            rows[PFLLIB[row[0]]] = float(row[names.index(column)].split("±")[0])
     return pd.Series(rows).sort_values(ascending=False, kind="stable")
 
 
 def pfllib(folder: Path, column: str, mlp: Path | None = None) -> dict:
     """The cell's largest-budget rows beside PFLlib's ``column`` (see the module's docstring)."""
-    budget = max(int(p.stem.rsplit("_b", 1)[1]) for p in folder.glob("table_b*.csv"))
+    budget = _budgets(folder)[0]
     theirs = pfllib_column(column)
     personal = [k for k in theirs.index if k not in GLOBAL_MODEL]
 
@@ -177,6 +183,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mlp", type=Path, help="the MLP cell's folder, for a CNN cell")
     parser.add_argument("--pfllib", metavar="COLUMN", help='a column of PFLlib\'s leaderboard (peers.md): "Path FMNIST", "Prac FMNIST"')
     args = parser.parse_args(argv)
+    if args.pfllib:
+        pfllib_column(args.pfllib)  # a column PFLlib's table lacks is refused before the folder is read
     found = facts(args.folder, args.mlp)
     if args.pfllib:
         found["pfllib"] = pfllib(args.folder, args.pfllib, args.mlp)
