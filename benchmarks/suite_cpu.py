@@ -113,6 +113,12 @@ def main() -> None:
     files = collections.Counter()
     for cpu, test, _ in rows:
         files[test.split("::")[0]] += cpu
+    kinds_all: dict = collections.defaultdict(lambda: [0, 0.0])
+    for kinds in [apart, *per.values()]:
+        for k, (n, c) in kinds.items():
+            kinds_all[k][0] += n
+            kinds_all[k][1] += c
+    print("every process by kind: " + ", ".join(f"{k} {c:.1f} s ({n})" for k, (n, c) in sorted(kinds_all.items(), key=lambda x: -x[1][1])))
     print("heaviest files: " + ", ".join(f"{f} {c:.0f} s" for f, c in files.most_common(15)))
     if args.csv:
         with open(args.csv, "w") as f:

@@ -51,20 +51,29 @@ def start_local_ray(**kwargs) -> None:
 
     Nor, with ``log_to_driver=False``, the log monitor: a process that lists the logs folder and reads every worker's
     log to publish its lines to drivers, which this one does not ask for (docs/performance.md, "Seventieth
-    session")."""
+    session").
+
+    Nor, without a dashboard, Ray's API server: ``start_head_processes`` starts it whatever ``include_dashboard``
+    says, and without the dashboard it loads one module, the usage-stats reporter (``services.start_api_server``:
+    ``--modules-to-load=UsageStatsHead``), no job or state API; ``ray.init`` waits for it to publish its address
+    (docs/performance.md, "Seventy-fifth session")."""
     from ray._private import parameter
+    from ray._private.node import Node
 
     if os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":  # tests/test_actors.py: the agents take jobs then
         print("fedsweep: RAY_AUTH_MODE=disabled: this Ray instance's agents listen on the machine's network address and "
               "run a job anyone there submits (Ray binds them so; its token authentication is what refuses them)",
               file=sys.stderr)
-    ray_params = parameter.RayParams
+    ray_params, api_server = parameter.RayParams, Node.start_api_server
     quiet = {"include_log_monitor": False} if kwargs.get("log_to_driver") is False else {}
     parameter.RayParams = functools.partial(ray_params, dashboard_agent_listen_port=0, no_monitor=True, **quiet)
+    kwargs = {"include_dashboard": False, **kwargs}
+    if not kwargs["include_dashboard"]:
+        Node.start_api_server = lambda self, **_: None
     try:
-        ray.init(**{"include_dashboard": False, **kwargs})
+        ray.init(**kwargs)
     finally:
-        parameter.RayParams = ray_params
+        parameter.RayParams, Node.start_api_server = ray_params, api_server
 
 
 def check_cluster(configs: list[ExperimentConfig], where: str) -> None:

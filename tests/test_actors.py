@@ -45,11 +45,13 @@ def run_actors(cfg, after=lambda runner: None):
 def test_a_local_instance_starts_its_dashboard_agent_on_a_free_port_when_52365_is_held():
     """Ray's agent binds 52365 unless told otherwise and retries it for 3.3 s when another local instance holds it
     (the suite's workers side by side, two sweeps at once); ``start_local_ray`` (``connect_ray``'s local instance)
-    gives it a free port at once, and starts no autoscaler monitor (whose end took a second of every command's), nor,
-    with ``log_to_driver=False``, a log monitor (which publishes worker output to drivers)."""
+    gives it a free port at once, and starts no autoscaler monitor (whose end took a second of every command's), no API
+    server (without the dashboard it serves only usage stats), nor, with ``log_to_driver=False``, a log monitor (which
+    publishes worker output to drivers)."""
     code = ("import ray; from fedsweep.experiment import start_local_ray; start_local_ray(num_cpus=1, log_to_driver=False); "
             "node = ray._private.worker.global_worker.node; "
-            "assert not {'monitor', 'log_monitor'} & set(node.all_processes), node.all_processes; "
+            "assert not {'monitor', 'log_monitor', 'dashboard'} & set(node.all_processes), node.all_processes; "
+            "assert ray._private.node.Node.start_api_server.__name__ == 'start_api_server'; "  # Ray's own, put back
             "print(node.dashboard_agent_listen_port, node.get_logs_dir_path())")
     with socket.socket() as held:
         try:
