@@ -68,7 +68,7 @@ def start_local_ray(**kwargs) -> None:
     quiet = {"include_log_monitor": False} if kwargs.get("log_to_driver") is False else {}
     parameter.RayParams = functools.partial(ray_params, dashboard_agent_listen_port=0, no_monitor=True, **quiet)
     kwargs = {"include_dashboard": False, **kwargs}
-    if not kwargs["include_dashboard"]:
+    if kwargs["include_dashboard"] is False:
         Node.start_api_server = lambda self, **_: None
     try:
         ray.init(**kwargs)
