@@ -131,9 +131,9 @@ DECLARING = [f for f in sorted((ROOT / "sweeps" / "benchmark").glob("*.yaml"))
 def test_the_embedded_cell_and_the_mlp_cells_run_again_declare_make_demos_kernels():
     """The embedded Synthetic cell and the four MNIST-family MLP cells were run again with ``make demo``'s kernels
     (2026-12-05 and 06), and the four small-CNN cells (2026-12-06 to 08), so that they repeat on any x86-64 CPU: their
-    files declare them (a CNN cell with its convolutions without oneDNN
-    beside them: docs/reproduction.md, "Convolutions without oneDNN"), and each place that gives the Synthetic cell's
-    command gives it as it is typed (no variables before it)."""
+    files declare them (a CNN cell with its convolutions without oneDNN beside them: docs/reproduction.md,
+    "Convolutions without oneDNN"), and each place that gives the Synthetic cell's command gives it as it is typed (no
+    variables before it)."""
     from benchmarks.demo import make_demo_settings
 
     assert {f.name for f in DECLARING} >= {"synthetic.yaml", "mnist_dirichlet.yaml", "mnist_pathological.yaml",
